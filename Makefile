@@ -1,0 +1,58 @@
+# trainopt — build the site and run the whole suite from a clean clone.
+#   make html       create .venv, install trainopt[docs], build the site into _build/html (-W)
+#   make test       same set-up, then unit tests + Sybil over docs/ and src/ + audits + -W build
+#   make test-gpu   make test with TRAINOPT_REQUIRE_CUDA=1 (GPU-only examples must run, not skip)
+#   make livehtml   rebuild on change and serve on http://127.0.0.1:8000
+#   make linkcheck  check internal links of the built site (no network)
+#   make clean      remove the build and the virtual environment
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# Where no torch is installed yet, this is what gets installed first. On the project's machines
+# torch==2.13.0 resolves to a CPU build on local disk; elsewhere override it, e.g.
+#   make test TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
+TORCH_SPEC ?= torch==2.13.0
+SPHINXOPTS ?= -W --keep-going -n
+PYTEST_ARGS ?=
+
+.PHONY: html test test-gpu livehtml linkcheck clean venv
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(VENV)/.torch: | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_SPEC)
+	touch $@
+
+$(VENV)/.docs: pyproject.toml $(VENV)/.torch
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $@
+
+$(VENV)/.test: pyproject.toml $(VENV)/.torch
+	$(PY) -m pip install -q -e ".[docs,test,hpo]"
+	touch $@
+
+venv: $(VENV)/.test
+
+html: $(VENV)/.docs
+	$(PY) -m sphinx -b html $(SPHINXOPTS) -c . docs _build/html
+	@echo "Open _build/html/index.html"
+
+test: $(VENV)/.test
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-gpu:
+	TRAINOPT_REQUIRE_CUDA=1 $(MAKE) test
+
+livehtml: $(VENV)/.docs
+	$(PY) -m pip install -q -e ".[docs,dev]"
+	$(PY) -m sphinx_autobuild -c . docs _build/html --watch src
+
+linkcheck: $(VENV)/.test
+	$(PY) -m sphinx -b html $(SPHINXOPTS) -c . docs _build/html
+	$(PY) docs/_ext/internal_links.py _build/html
+
+clean:
+	rm -rf _build $(VENV) test-artifacts

@@ -1,0 +1,346 @@
+"""Sphinx directives that keep every code block, figure and table of the site tied to ``src/``.
+
+Directives (all usable from MyST as ```` ```{name} ````):
+
+``trainopt-source``
+    Shows the source of a ``trainopt`` object by dotted name, preceded by exactly the imports it
+    needs, so that the copied block runs in a fresh interpreter with ``trainopt`` installed.
+``trainopt-figure``
+    Calls a ``trainopt`` function that returns a matplotlib Figure, saves it as PNG at build time
+    and shows it. Options: ``:alt:`` (required), ``:kwargs:`` (JSON), ``:data:`` (a path under
+    ``docs/`` passed as the first argument), ``:width:``.
+``trainopt-render``
+    Calls a ``trainopt`` function that returns MyST Markdown (a table, say) and parses it in
+    place. Options: ``:data:`` and ``:kwargs:`` as above.
+``trainopt-cards``
+    A sphinx-design grid whose cards are built from the linked pages' own front matter (title,
+    ``summary``/``description``, ``icon``, ``difficulty``), so a card can't disagree with its page.
+
+Events: the ``description`` front-matter key becomes ``<meta name="description">``, and the
+``difficulty`` key becomes a badge under the page title.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import inspect
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import yaml
+from docutils import nodes
+from docutils.parsers.rst import directives
+from docutils.statemachine import StringList
+from sphinx.application import Sphinx
+from sphinx.directives.code import container_wrapper
+from sphinx.util.docutils import SphinxDirective
+
+DIFFICULTY_COLOURS = {"beginner": "success", "intermediate": "info", "advanced": "warning"}
+
+
+# --------------------------------------------------------------------------------------------
+# Source with imports
+# --------------------------------------------------------------------------------------------
+
+
+def resolve(dotted: str) -> tuple[Any, str, str]:
+    """Import ``pkg.module.obj`` and return ``(obj, module_name, qualname)``."""
+    module_name, _, attr = dotted.rpartition(".")
+    if not module_name:
+        raise ValueError(f"expected a dotted name like 'trainopt.module.object', got {dotted!r}")
+    module = importlib.import_module(module_name)
+    if not hasattr(module, attr):
+        raise ValueError(f"{module_name} has no attribute {attr!r}")
+    return getattr(module, attr), module_name, attr
+
+
+def _module_bindings(tree: ast.Module, module_name: str) -> dict[str, str]:
+    """Map each name bound at module level to the statement that provides it in a fresh file."""
+    bindings: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                bound = alias.asname or alias.name.split(".")[0]
+                text = f"import {alias.name}" + (f" as {alias.asname}" if alias.asname else "")
+                bindings[bound] = text
+        elif isinstance(node, ast.ImportFrom):
+            if node.module == "__future__":
+                continue
+            base = "." * node.level + (node.module or "")
+            if node.level:
+                package = module_name.rsplit(".", node.level)[0]
+                base = package + ("." + node.module if node.module else "")
+            for alias in node.names:
+                bound = alias.asname or alias.name
+                name = alias.name + (f" as {alias.asname}" if alias.asname else "")
+                bindings[bound] = f"from {base} import {name}"
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bindings[node.name] = f"from {module_name} import {node.name}"
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for sub in ast.walk(target):
+                    if isinstance(sub, ast.Name):
+                        bindings[sub.id] = f"from {module_name} import {sub.id}"
+    return bindings
+
+
+def _find_node(tree: ast.Module, name: str) -> ast.AST:
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return node
+    raise ValueError(f"no top-level function or class named {name!r}")
+
+
+def source_with_imports(dotted: str) -> str:
+    """Return the source of a top-level ``trainopt`` object with the imports it needs first.
+
+    The result runs as a script in a fresh interpreter where ``trainopt`` is installed: names the
+    object uses that its module imports are imported the same way, and names the module defines
+    itself (helpers, constants) are imported from the module.
+    """
+    _, module_name, attr = resolve(dotted)
+    module = importlib.import_module(module_name)
+    path = Path(inspect.getsourcefile(module))
+    source = path.read_text()
+    tree = ast.parse(source)
+    node = _find_node(tree, attr)
+    bindings = _module_bindings(tree, module_name)
+    used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    # Names in string annotations and decorators count too.
+    for n in ast.walk(node):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.isidentifier():
+            used.add(n.value)
+    used.discard(attr)
+    imports: list[str] = []
+    own: list[str] = []
+    for name in sorted(used):
+        stmt = bindings.get(name)
+        if stmt is None:
+            continue
+        (own if stmt.startswith(f"from {module_name} import") else imports).append(stmt)
+    future = any(
+        isinstance(n, ast.ImportFrom) and n.module == "__future__" for n in tree.body
+    )
+    lines = source.splitlines()
+    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    body = textwrap.dedent("\n".join(lines[first - 1 : node.end_lineno]))
+    header = (["from __future__ import annotations", ""] if future else []) + sorted(
+        set(imports), key=_import_sort_key
+    )
+    if own:
+        header += sorted(set(own))
+    return ("\n".join(header) + "\n\n\n" if header else "") + body + "\n"
+
+
+def _import_sort_key(stmt: str) -> tuple[int, str]:
+    return (0 if stmt.startswith("import ") else 1, stmt)
+
+
+class TrainoptSource(SphinxDirective):
+    """Show a ``trainopt`` object's source, with the imports it needs."""
+
+    required_arguments = 1
+    option_spec = {"caption": directives.unchanged, "name": directives.unchanged}
+
+    def run(self) -> list[nodes.Node]:
+        dotted = self.arguments[0]
+        try:
+            code = source_with_imports(dotted)
+            _, module_name, _ = resolve(dotted)
+        except Exception as exc:  # noqa: BLE001 - reported as a build error with its location
+            raise self.error(f"trainopt-source {dotted}: {exc}") from exc
+        module = importlib.import_module(module_name)
+        src_file = Path(inspect.getsourcefile(module))
+        self.env.note_dependency(str(src_file))
+        literal = nodes.literal_block(code, code, language="python")
+        literal["classes"].append("trainopt-source")
+        self.set_source_info(literal)
+        rel = src_file.as_posix().split("/src/", 1)[-1]
+        caption = self.options.get("caption", f"{dotted.rsplit('.', 1)[-1]} — src/{rel}")
+        wrapped = container_wrapper(self, literal, caption)
+        self.add_name(wrapped)
+        return [wrapped]
+
+
+# --------------------------------------------------------------------------------------------
+# Build-time figures and rendered tables
+# --------------------------------------------------------------------------------------------
+
+
+def _call(directive: SphinxDirective) -> Any:
+    dotted = directive.arguments[0]
+    func, module_name, _ = resolve(dotted)
+    module = importlib.import_module(module_name)
+    directive.env.note_dependency(inspect.getsourcefile(module))
+    kwargs = json.loads(directive.options.get("kwargs", "{}"))
+    args: list[Any] = []
+    if "data" in directive.options:
+        data = Path(directive.env.srcdir) / directive.options["data"]
+        directive.env.note_dependency(str(data))
+        args.append(data)
+    return func(*args, **kwargs)
+
+
+class TrainoptFigure(SphinxDirective):
+    """Render a figure returned by a ``trainopt`` function at build time."""
+
+    required_arguments = 1
+    option_spec = {
+        "alt": directives.unchanged_required,
+        "kwargs": directives.unchanged,
+        "data": directives.unchanged,
+        "width": directives.unchanged,
+        "caption": directives.unchanged,
+    }
+    has_content = False
+
+    def run(self) -> list[nodes.Node]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        if "alt" not in self.options:
+            raise self.error("trainopt-figure needs an :alt: text")
+        try:
+            fig = _call(self)
+        except Exception as exc:  # noqa: BLE001
+            raise self.error(f"trainopt-figure {self.arguments[0]}: {exc!r}") from exc
+        key = json.dumps([self.arguments[0], self.options.get("kwargs"), self.options.get("data")])
+        digest = hashlib.sha1(key.encode()).hexdigest()[:10]
+        name = f"{self.arguments[0].rsplit('.', 1)[-1]}-{digest}.png"
+        out_dir = Path(self.env.srcdir) / "_generated"
+        out_dir.mkdir(exist_ok=True)
+        fig.savefig(out_dir / name, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        image = nodes.image(uri=f"/_generated/{name}", alt=self.options["alt"])
+        if "width" in self.options:
+            image["width"] = self.options["width"]
+        figure = nodes.figure("", image, classes=["trainopt-figure"])
+        if "caption" in self.options:
+            figure += nodes.caption(self.options["caption"], self.options["caption"])
+        return [figure]
+
+
+class TrainoptRender(SphinxDirective):
+    """Parse the MyST Markdown that a ``trainopt`` function returns (tables of results)."""
+
+    required_arguments = 1
+    option_spec = {"kwargs": directives.unchanged, "data": directives.unchanged}
+
+    def run(self) -> list[nodes.Node]:
+        try:
+            text = _call(self)
+        except Exception as exc:  # noqa: BLE001
+            raise self.error(f"trainopt-render {self.arguments[0]}: {exc!r}") from exc
+        container = nodes.container(classes=["trainopt-rendered"])
+        self.state.nested_parse(StringList(text.splitlines(), source=self.get_source_info()[0]),
+                                self.content_offset, container)
+        return container.children
+
+
+# --------------------------------------------------------------------------------------------
+# Front matter: cards, badges, meta description
+# --------------------------------------------------------------------------------------------
+
+
+def read_front_matter(path: Path) -> tuple[dict[str, Any], str]:
+    """Return ``(front_matter, title)`` of a MyST page."""
+    text = path.read_text()
+    meta: dict[str, Any] = {}
+    if text.startswith("---\n"):
+        end = text.index("\n---", 4)
+        meta = yaml.safe_load(text[4:end]) or {}
+        text = text[end + 4 :]
+    title = next((line[2:].strip() for line in text.splitlines() if line.startswith("# ")), path.stem)
+    return meta, title
+
+
+def difficulty_badge(difficulty: str) -> str:
+    colour = DIFFICULTY_COLOURS.get(difficulty.lower())
+    if colour is None:
+        raise ValueError(f"difficulty must be one of {sorted(DIFFICULTY_COLOURS)}, got {difficulty!r}")
+    return f"{{bdg-{colour}}}`{difficulty.capitalize()}`"
+
+
+class TrainoptCards(SphinxDirective):
+    """A grid of cards, one per linked page, filled from each page's front matter."""
+
+    has_content = True
+    option_spec = {"columns": directives.unchanged}
+
+    def run(self) -> list[nodes.Node]:
+        columns = self.options.get("columns", "1 2 2 2")
+        here = Path(self.env.doc2path(self.env.docname)).parent
+        lines = [f"::::{{grid}} {columns}", ":gutter: 2", ""]
+        for target in (line.strip() for line in self.content if line.strip()):
+            path = (here / f"{target}.md").resolve()
+            if not path.exists():
+                raise self.error(f"trainopt-cards: no page {target!r} next to {self.env.docname}")
+            self.env.note_dependency(str(path))
+            meta, title = read_front_matter(path)
+            summary = meta.get("summary") or meta.get("description")
+            if not summary:
+                raise self.error(f"trainopt-cards: {path.name} has no 'summary' or 'description'")
+            icon = meta.get("icon", "book")
+            lines += [
+                f":::{{grid-item-card}} {{octicon}}`{icon};1.5em;sd-mr-1` {title}",
+                f":link: {target}",
+                ":link-type: doc",
+                ":class-card: trainopt-card",
+            ]
+            if meta.get("difficulty"):
+                lines.append(f":footer: {difficulty_badge(str(meta['difficulty']))}")
+            lines += ["", str(summary), ":::", ""]
+        lines.append("::::")
+        container = nodes.container()
+        self.state.nested_parse(StringList(lines, source=self.get_source_info()[0]),
+                                self.content_offset, container)
+        return container.children
+
+
+def add_difficulty_badge(app: Sphinx, doctree: nodes.document) -> None:
+    """Put the page's difficulty (front matter) under its title as a badge."""
+    meta = app.env.metadata.get(app.env.docname, {})
+    difficulty = meta.get("difficulty")
+    if not difficulty:
+        return
+    section = next(iter(doctree.findall(nodes.section)), None)
+    if section is None:
+        return
+    colour = DIFFICULTY_COLOURS.get(str(difficulty).lower(), "secondary")
+    badge = nodes.inline(
+        "", str(difficulty).capitalize(),
+        classes=["sd-sphinx-override", "sd-badge", f"sd-bg-{colour}", f"sd-bg-text-{colour}"],
+    )
+    para = nodes.paragraph("", "", classes=["trainopt-difficulty"])
+    para += nodes.inline("", "Difficulty: ")
+    para += badge
+    section.insert(1, para)
+
+
+def add_meta_description(app: Sphinx, pagename: str, templatename: str, context: dict,
+                         doctree: nodes.document | None) -> None:
+    meta = app.env.metadata.get(pagename, {})
+    description = meta.get("description")
+    if description:
+        escaped = (str(description).replace("&", "&amp;").replace('"', "&quot;")
+                   .replace("<", "&lt;"))
+        context["metatags"] = context.get("metatags", "") + (
+            f'\n    <meta name="description" content="{escaped}" />'
+        )
+
+
+def setup(app: Sphinx) -> dict[str, Any]:
+    app.add_directive("trainopt-source", TrainoptSource)
+    app.add_directive("trainopt-figure", TrainoptFigure)
+    app.add_directive("trainopt-render", TrainoptRender)
+    app.add_directive("trainopt-cards", TrainoptCards)
+    app.connect("doctree-read", add_difficulty_badge)
+    app.connect("html-page-context", add_meta_description)
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
