@@ -1,0 +1,12 @@
+"""Performance tools: precision, memory, profiling and throughput monitoring.
+
+Each submodule holds one concept:
+
+- :mod:`trainopt.perf.precision` sets up fp32, tf32, bf16 or fp16 (autocast, TF32 matmul
+  settings, a loss scaler only for fp16).
+- :mod:`trainopt.perf.memory` applies activation checkpointing, reports memory per phase of a
+  step, estimates training memory and records CUDA memory snapshots.
+- :mod:`trainopt.perf.profiling` wraps :mod:`torch.profiler` and times steps with CUDA events.
+- :mod:`trainopt.perf.throughput` tracks tokens/s, step-time percentiles, MFU and memory.
+- :mod:`trainopt.perf.experiments` measures all of the above on the reference GPT.
+"""
