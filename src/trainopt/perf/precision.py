@@ -1,0 +1,248 @@
+"""One name for a numeric precision: ``"fp32"``, ``"tf32"``, ``"bf16"`` or ``"fp16"``.
+
+:meth:`Precision.from_name` turns the name and a device into everything a training step needs:
+
+- an autocast context (``torch.autocast`` for ``bf16`` and ``fp16``, disabled otherwise),
+- the float32 matmul setting (``"highest"`` keeps true fp32; ``"high"`` lets CUDA use TF32),
+  applied and restored by :meth:`Precision.matmul_settings`,
+- a loss scaler (``torch.amp.GradScaler``) only for ``fp16``, whose five exponent bits
+  underflow small gradients; ``bf16`` has fp32's exponent range and needs none.
+
+It checks the hardware first and says what is allowed when the choice can't run:
+``bf16`` runs on a CPU and on CUDA GPUs where ``torch.cuda.is_bf16_supported()``; ``fp16``
+and ``tf32`` need CUDA (TF32 needs compute capability 8.0, Ampere, or newer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
+
+_AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
+    "fp32": None,
+    "tf32": None,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+
+
+class PrecisionNotSupportedError(RuntimeError):
+    """The chosen precision can't run on the chosen device."""
+
+
+@dataclass(frozen=True)
+class MatmulSettings:
+    """The process-wide float32 matmul settings that decide whether TF32 is used.
+
+    Attributes:
+        float32_matmul_precision: ``torch.get_float32_matmul_precision()``: ``"highest"``
+            (true fp32), ``"high"`` (TF32 on CUDA) or ``"medium"``.
+        cudnn_allow_tf32: ``torch.backends.cudnn.allow_tf32`` (convolutions).
+
+    Example:
+        >>> before = MatmulSettings.current()
+        >>> MatmulSettings("high", True).apply()
+        >>> torch.get_float32_matmul_precision()
+        'high'
+        >>> before.apply()
+        >>> MatmulSettings.current() == before
+        True
+    """
+
+    float32_matmul_precision: str
+    cudnn_allow_tf32: bool
+
+    @classmethod
+    def current(cls) -> MatmulSettings:
+        """Read the settings now in force."""
+        return cls(torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+
+    def apply(self) -> None:
+        """Make these the settings in force."""
+        torch.set_float32_matmul_precision(self.float32_matmul_precision)
+        torch.backends.cudnn.allow_tf32 = self.cudnn_allow_tf32
+
+
+def check_supported(name: str, device: str | torch.device = "cpu") -> None:
+    """Raise if precision ``name`` can't run on ``device``; return ``None`` if it can.
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`PRECISIONS`.
+        PrecisionNotSupportedError: the device can't run it; the message names the choice,
+            the device and the precisions the device allows.
+
+    Example:
+        >>> check_supported("bf16", "cpu")  # bf16 autocast runs on a CPU
+        >>> check_supported("fp16", "cpu")
+        Traceback (most recent call last):
+        ...
+        trainopt.perf.precision.PrecisionNotSupportedError: precision 'fp16' needs a CUDA GPU, got device 'cpu'; on 'cpu' use one of ['fp32', 'bf16']
+    """
+    if name not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {name!r}")
+    device = torch.device(device)
+    reason = _unsupported_reason(name, device)
+    if reason is not None:
+        allowed = supported_precisions(device)
+        raise PrecisionNotSupportedError(
+            f"precision {name!r} {reason}, got device {str(device)!r}; "
+            f"on {str(device)!r} use one of {allowed}"
+        )
+
+
+def supported_precisions(device: str | torch.device = "cpu") -> list[str]:
+    """The precisions that can run on ``device``, in the order of :data:`PRECISIONS`.
+
+    Example:
+        >>> supported_precisions("cpu")
+        ['fp32', 'bf16']
+    """
+    device = torch.device(device)
+    return [name for name in PRECISIONS if _unsupported_reason(name, device) is None]
+
+
+def _unsupported_reason(name: str, device: torch.device) -> str | None:
+    if name == "fp32":
+        return None
+    if device.type != "cuda":
+        if name == "bf16" and _autocast_available(device.type):
+            return None
+        return "needs a CUDA GPU"
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU, and torch.cuda.is_available() is False"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if name == "tf32" and torch.cuda.get_device_capability(index) < (8, 0):
+        return "needs a CUDA GPU of compute capability 8.0 (Ampere) or newer"
+    if name == "bf16" and not _cuda_bf16_supported():
+        return "needs a CUDA GPU where torch.cuda.is_bf16_supported() is True"
+    return None
+
+
+def _autocast_available(device_type: str) -> bool:
+    is_available = getattr(torch.amp, "is_autocast_available", None)
+    return device_type == "cpu" if is_available is None else bool(is_available(device_type))
+
+
+def _cuda_bf16_supported() -> bool:
+    try:  # torch >= 2.3 can report emulated bf16 as supported; ask for the native kind
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:
+        return torch.cuda.is_bf16_supported()
+
+
+@dataclass
+class Precision:
+    """A numeric precision bound to a device: autocast, matmul settings and loss scaler.
+
+    Build it with :meth:`from_name`. A training step then reads::
+
+        with precision.autocast():
+            loss = model(x, targets=y)
+        precision.backward(loss)
+        precision.step(optimizer)   # unscales, skips on inf/NaN, updates the scale (fp16)
+
+    Attributes:
+        name: One of :data:`PRECISIONS`.
+        device_type: ``"cuda"``, ``"cpu"``, … (what ``torch.autocast`` takes).
+        autocast_dtype: ``torch.bfloat16`` / ``torch.float16``, or ``None`` (no autocast).
+        matmul: The float32 matmul settings this precision wants.
+        scaler: ``torch.amp.GradScaler`` for ``fp16``, else ``None``.
+    """
+
+    name: str
+    device_type: str
+    autocast_dtype: torch.dtype | None
+    matmul: MatmulSettings
+    scaler: Any = field(default=None)
+
+    @classmethod
+    def from_name(
+        cls, name: str, device: str | torch.device = "cpu", *, init_scale: float = 2.0**16
+    ) -> Precision:
+        """Set up precision ``name`` for ``device`` after checking the hardware supports it.
+
+        Args:
+            name: ``"fp32"`` (true fp32, TF32 off), ``"tf32"`` (fp32 storage, TF32 matmuls),
+                ``"bf16"`` or ``"fp16"`` (autocast; weights and optimizer stay fp32).
+            device: The device the model trains on.
+            init_scale: First loss scale of the fp16 ``GradScaler``.
+
+        Raises:
+            ValueError: unknown ``name`` or a non-positive ``init_scale``.
+            PrecisionNotSupportedError: the device can't run ``name``.
+
+        Example:
+            >>> p = Precision.from_name("bf16", "cpu")
+            >>> with p.autocast():
+            ...     y = torch.nn.Linear(4, 4)(torch.randn(2, 4))
+            >>> y.dtype, p.scaler is None
+            (torch.bfloat16, True)
+        """
+        if not init_scale > 0:
+            raise ValueError(f"init_scale must be positive, got {init_scale=}")
+        check_supported(name, device)
+        device_type = torch.device(device).type
+        matmul = MatmulSettings("high" if name == "tf32" else "highest", name == "tf32")
+        scaler = torch.amp.GradScaler(device_type, init_scale=init_scale) if name == "fp16" else None
+        return cls(name, device_type, _AUTOCAST_DTYPES[name], matmul, scaler)
+
+    def autocast(self) -> torch.autocast:
+        """A ``torch.autocast`` context for the forward pass; disabled for fp32 and tf32."""
+        if self.autocast_dtype is None:
+            return torch.autocast(device_type=self.device_type, enabled=False)
+        return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)
+
+    @contextlib.contextmanager
+    def matmul_settings(self) -> Iterator[MatmulSettings]:
+        """Apply this precision's float32 matmul settings; restore the previous ones on exit.
+
+        Example:
+            >>> before = torch.get_float32_matmul_precision()
+            >>> with Precision.from_name("fp32").matmul_settings():
+            ...     inside = torch.get_float32_matmul_precision()
+            >>> inside, torch.get_float32_matmul_precision() == before
+            ('highest', True)
+        """
+        previous = MatmulSettings.current()
+        self.matmul.apply()
+        try:
+            yield previous
+        finally:
+            previous.apply()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, scaling the loss first when there is a scaler."""
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the gradients by the loss scale (before clipping); no-op without a scaler."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.step()``; with a scaler, skip on inf/NaN gradients and update the scale."""
+        if self.scaler is None:
+            optimizer.step()
+            return
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scaler's state (empty without a scaler), for checkpoints."""
+        return {"scaler": self.scaler.state_dict() if self.scaler is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the scaler's state saved by :meth:`state_dict`."""
+        if (state.get("scaler") is None) != (self.scaler is None):
+            raise ValueError(
+                f"state_dict has scaler state={state.get('scaler') is not None}, but precision "
+                f"{self.name!r} has scaler={self.scaler is not None}"
+            )
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
