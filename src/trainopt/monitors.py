@@ -6,6 +6,8 @@ read them on the host when asked, so they add no host-device synchronisation to 
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from typing import Any
 
 import torch
@@ -70,3 +72,409 @@ class LRMonitor:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._history = [list(row) for row in state["history"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Robust statistics on the device
+# ---------------------------------------------------------------------------------------------
+
+MAD_TO_SIGMA = 1.4826
+"""``1 / Φ⁻¹(3/4)``: the median absolute deviation times this estimates σ for normal data."""
+
+
+def robust_zscore(
+    value: torch.Tensor, window: torch.Tensor, rel_floor: float = 1e-2, abs_floor: float = 1e-8
+) -> torch.Tensor:
+    """Robust z-score of ``value`` against ``window``: ``(value - median) / (1.4826 · MAD)``.
+
+    NaN entries of ``window`` are ignored (``torch.nanmedian``), so a non-finite loss stored as
+    NaN never moves the statistics. The scale is floored at ``rel_floor · |median|`` and
+    ``abs_floor``: a window of identical values does not turn every wiggle into a spike. Unlike
+    the coefficient of variation ``std / mean``, the score is defined for zero and negative
+    losses, and one outlier in the window barely moves the median or the MAD.
+
+    Args:
+        value: The new observation (0-d tensor).
+        window: Past observations (1-d tensor, may hold NaN for "missing").
+        rel_floor: Smallest scale relative to ``|median|``.
+        abs_floor: Smallest scale in absolute terms.
+
+    Returns:
+        A 0-d tensor on ``window``'s device; NaN if ``value`` is NaN or the window is all NaN.
+
+    Example:
+        >>> window = torch.tensor([-5.0, -5.1, -4.9, -5.0, -5.05])
+        >>> round(robust_zscore(torch.tensor(-5.0), window).item(), 2)
+        0.0
+        >>> bool(robust_zscore(torch.tensor(-1.0), window) > 6)
+        True
+    """
+    median = torch.nanmedian(window)
+    mad = torch.nanmedian((window - median).abs())
+    scale = torch.maximum(MAD_TO_SIGMA * mad, rel_floor * median.abs()).clamp_min(abs_floor)
+    return (value.to(window.dtype) - median) / scale
+
+
+def _as_finite_or_nan(x: torch.Tensor) -> torch.Tensor:
+    x = x.detach().float()
+    return torch.where(torch.isfinite(x), x, torch.full_like(x, math.nan))
+
+
+def _check_int(name: str, value: int, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {name}={value!r}")
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a positive finite number, got {name}={value!r}")
+
+
+class LossSpikeDetector:
+    """Flag a loss whose robust z-score against the recent window exceeds ``threshold``.
+
+    The last ``window_size`` losses live in a ring buffer on the loss's device. :meth:`update`
+    scores the new loss against the window *before* adding it and returns the flag as a 0-d
+    bool tensor, so nothing is read on the host. Non-finite losses are stored as NaN (ignored by
+    the statistics) and reported by their own flag, :attr:`last_nonfinite`.
+
+    Example:
+        >>> detector = LossSpikeDetector(threshold=6.0, window_size=20, min_history=5)
+        >>> flags = [detector.update(torch.tensor(2.0 - 0.01 * i)) for i in range(10)]
+        >>> bool(torch.stack(flags).any()), bool(detector.update(torch.tensor(9.0)))
+        (False, True)
+    """
+
+    def __init__(self, threshold: float = 6.0, window_size: int = 50, min_history: int = 10) -> None:
+        _check_positive("threshold", threshold)
+        _check_int("window_size", window_size, 2)
+        _check_int("min_history", min_history, 2)
+        if min_history > window_size:
+            raise ValueError(f"min_history must be <= window_size, got {min_history=}, {window_size=}")
+        self.threshold = float(threshold)
+        self.window_size = window_size
+        self.min_history = min_history
+        self.steps = 0  # host counter: how many losses were seen (no sync needed to know it)
+        self.buffer = torch.full((window_size,), math.nan)
+        self.last_z = torch.tensor(math.nan)
+        self.last_spike = torch.tensor(False)
+        self.last_nonfinite = torch.tensor(False)
+        self.num_spikes = torch.zeros((), dtype=torch.long)
+
+    def _to(self, device: torch.device) -> None:
+        if self.buffer.device != device:
+            for key in ("buffer", "last_z", "last_spike", "last_nonfinite", "num_spikes"):
+                setattr(self, key, getattr(self, key).to(device))
+
+    @property
+    def window(self) -> torch.Tensor:
+        """The filled part of the ring buffer (NaN where a loss was non-finite)."""
+        return self.buffer[: min(self.steps, self.window_size)]
+
+    @torch.no_grad()
+    def update(self, loss: torch.Tensor) -> torch.Tensor:
+        """Score ``loss``, add it to the window, return the spike flag (0-d bool, on device)."""
+        self._to(loss.device)
+        value = _as_finite_or_nan(loss.reshape(()))
+        self.last_nonfinite = torch.isnan(value)
+        if self.steps >= self.min_history:
+            self.last_z = robust_zscore(value, self.window)
+            self.last_spike = self.last_z > self.threshold  # NaN compares False
+        else:
+            self.last_z = torch.full_like(value, math.nan)
+            self.last_spike = torch.zeros_like(self.last_nonfinite)
+        self.num_spikes.add_(self.last_spike.long())
+        self.buffer[self.steps % self.window_size] = value
+        self.steps += 1
+        return self.last_spike
+
+    def state_dict(self) -> dict[str, Any]:
+        """Settings, the host counter and the device tensors (loads with ``weights_only=True``)."""
+        return {
+            "threshold": self.threshold, "window_size": self.window_size,
+            "min_history": self.min_history, "steps": self.steps,
+            **{k: getattr(self, k).detach().clone()
+               for k in ("buffer", "last_z", "last_spike", "last_nonfinite", "num_spikes")},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output (tensors keep this detector's device)."""
+        device = self.buffer.device
+        for key, value in state.items():
+            setattr(self, key, value.detach().clone().to(device) if torch.is_tensor(value) else value)
+
+
+class LossStabilityMonitor:
+    """Watch the loss for spikes and non-finite values without reading it on the host.
+
+    :meth:`update` runs every step and only launches device work. :meth:`check` reads every
+    statistic at once (one sync) and starts a new check window; call it every ``check_every``
+    steps (:attr:`due` says when). A loss is unstable when it is non-finite or when its robust
+    z-score (see :func:`robust_zscore`) against the last ``window_size`` losses exceeds
+    ``threshold``. The score works for zero and negative losses, where the coefficient of
+    variation ``std / mean`` divides by zero or flips sign.
+
+    Example:
+        >>> monitor = LossStabilityMonitor(window_size=50, check_every=20)
+        >>> for i in range(20):
+        ...     monitor.update(torch.tensor(-3.0 + 0.01 * (-1) ** i))  # an RL-style negative loss
+        >>> monitor.due, monitor.check()["status"]
+        (True, 'stable')
+        >>> for i in range(19):
+        ...     monitor.update(torch.tensor(-3.0 + 0.01 * (-1) ** i))
+        >>> monitor.update(torch.tensor(4.0))
+        >>> report = monitor.check()
+        >>> report["status"], report["spikes"]
+        ('unstable', 1)
+    """
+
+    def __init__(
+        self, window_size: int = 100, threshold: float = 6.0, check_every: int = 100, min_history: int = 10
+    ) -> None:
+        _check_int("check_every", check_every, 1)
+        self.detector = LossSpikeDetector(threshold, window_size, min_history)
+        self.check_every = check_every
+        self._reset_window(torch.device("cpu"))
+
+    def _reset_window(self, device: torch.device) -> None:
+        self.window_spikes = torch.zeros((), dtype=torch.long, device=device)
+        self.window_nonfinite = torch.zeros((), dtype=torch.long, device=device)
+        self.window_max_z = torch.full((), -math.inf, device=device)
+        self.last_loss = torch.full((), math.nan, device=device)
+
+    @property
+    def steps(self) -> int:
+        return self.detector.steps
+
+    @property
+    def due(self) -> bool:
+        """True every ``check_every`` steps (a host counter: reading it costs nothing)."""
+        return self.steps > 0 and self.steps % self.check_every == 0
+
+    @torch.no_grad()
+    def update(self, loss: torch.Tensor) -> None:
+        """Fold one loss into the statistics (device work only, no sync)."""
+        if self.window_spikes.device != loss.device:
+            self._reset_window(loss.device)
+        spike = self.detector.update(loss)
+        self.window_spikes.add_(spike.long())
+        self.window_nonfinite.add_(self.detector.last_nonfinite.long())
+        self.window_max_z = torch.fmax(self.window_max_z, self.detector.last_z)
+        self.last_loss = loss.detach().float().reshape(())
+
+    @torch.no_grad()
+    def summary(self) -> dict[str, Any]:
+        """Read the statistics on the host (one sync) without starting a new window."""
+        window = self.detector.window
+        median = torch.nanmedian(window) if window.numel() else torch.full((), math.nan)
+        mad = torch.nanmedian((window - median).abs()) if window.numel() else median
+        values = torch.stack([
+            self.last_loss.float(), median.to(self.last_loss.device).float(),
+            (MAD_TO_SIGMA * mad).to(self.last_loss.device).float(),
+            self.detector.last_z.to(self.last_loss.device).float(), self.window_max_z.float(),
+            self.window_spikes.float(), self.window_nonfinite.float(),
+            self.detector.num_spikes.to(self.last_loss.device).float(),
+        ]).tolist()
+        last, median_v, sigma, last_z, max_z, spikes, nonfinite, total = values
+        if self.steps < self.detector.min_history and not nonfinite:
+            status = "insufficient_data"
+        else:
+            status = "unstable" if spikes or nonfinite else "stable"
+        return {
+            "steps": self.steps, "last_loss": last, "median": median_v, "robust_std": sigma,
+            "last_z": last_z, "max_z": max_z if max_z > -math.inf else math.nan,
+            "spikes": int(spikes), "nonfinite": int(nonfinite), "total_spikes": int(total),
+            "status": status,
+        }
+
+    def check(self) -> dict[str, Any]:
+        """:meth:`summary`, then start a new check window (spike and non-finite counts reset)."""
+        report = self.summary()
+        self._reset_window(self.window_spikes.device)
+        return report
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "check_every": self.check_every, "detector": self.detector.state_dict(),
+            **{k: getattr(self, k).detach().clone()
+               for k in ("window_spikes", "window_nonfinite", "window_max_z", "last_loss")},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.check_every = state["check_every"]
+        self.detector.load_state_dict(state["detector"])
+        device = self.detector.buffer.device
+        for key in ("window_spikes", "window_nonfinite", "window_max_z", "last_loss"):
+            setattr(self, key, state[key].detach().clone().to(device))
+
+
+def _stacked_norms(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """L2 norm of each tensor, in one ``torch._foreach_norm`` per (device, dtype), as a float32 vector.
+
+    The vector keeps the order of ``tensors``.
+    """
+    if not tensors:
+        return torch.zeros(0, device=device)
+    buckets: dict[tuple[torch.device, torch.dtype], list[int]] = defaultdict(list)
+    for i, t in enumerate(tensors):
+        buckets[(t.device, t.dtype)].append(i)
+    if len(buckets) == 1:
+        return torch.stack(torch._foreach_norm(tensors)).float().to(device)
+    out = torch.empty(len(tensors), device=device)
+    for indices in buckets.values():
+        norms = torch.stack(torch._foreach_norm([tensors[i] for i in indices])).float().to(device)
+        out[indices] = norms
+    return out
+
+
+class GradientMonitor:
+    """Global and per-group gradient and parameter norms, computed in one fused pass per group.
+
+    Each :meth:`update` computes every per-tensor norm with ``torch._foreach_norm`` and reduces
+    the stacked norms with ``torch.linalg.vector_norm``: a handful of kernels, whatever the
+    number of parameters, and no ``.item()``. The global gradient norm is returned as a tensor
+    (the same value :func:`torch.nn.utils.clip_grad_norm_` computes, so a clipper can reuse it).
+
+    A gradient *explosion* is a global norm above ``explosion_factor`` times the median of the
+    last ``window_size`` finite norms. Comparing against the median, rather than the seed's
+    "max > 10 × min" of the window, does not flag a healthy run whose gradient norm falls.
+
+    Args:
+        model_or_optimizer: A module (one group) or an optimizer (one group per param group).
+        window_size: How many past global norms the explosion test looks at.
+        explosion_factor: Ratio to the window median that counts as an explosion.
+        min_history: Norms needed before the explosion test starts.
+        check_every: Steps between host reads (:attr:`due`).
+
+    Example:
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+        >>> model(torch.randn(16, 4)).pow(2).mean().backward()
+        >>> monitor = GradientMonitor(model)
+        >>> norm = monitor.update()
+        >>> expected = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
+        >>> torch.allclose(norm, expected)
+        True
+        >>> report = monitor.check()
+        >>> report["explosions"], len(report["group_grad_norms"])
+        (0, 1)
+    """
+
+    _tensor_keys = ("buffer", "grad_norm", "param_norm", "group_grad_norms", "group_param_norms",
+                    "window_max_grad_norm", "window_explosions", "window_nonfinite", "last_explosion")
+
+    def __init__(
+        self,
+        model_or_optimizer: torch.nn.Module | torch.optim.Optimizer,
+        window_size: int = 50,
+        explosion_factor: float = 10.0,
+        min_history: int = 10,
+        check_every: int = 100,
+    ) -> None:
+        if isinstance(model_or_optimizer, torch.optim.Optimizer):
+            self.groups = [list(g["params"]) for g in model_or_optimizer.param_groups]
+        elif isinstance(model_or_optimizer, torch.nn.Module):
+            self.groups = [list(model_or_optimizer.parameters())]
+        else:
+            raise TypeError(
+                "model_or_optimizer must be a torch.nn.Module or a torch.optim.Optimizer, "
+                f"got {type(model_or_optimizer).__name__}"
+            )
+        _check_int("window_size", window_size, 2)
+        _check_int("min_history", min_history, 2)
+        _check_int("check_every", check_every, 1)
+        _check_positive("explosion_factor", explosion_factor)
+        self.window_size = window_size
+        self.explosion_factor = float(explosion_factor)
+        self.min_history = min_history
+        self.check_every = check_every
+        self.steps = 0
+        device = next((p.device for g in self.groups for p in g), torch.device("cpu"))
+        self._init_tensors(device)
+
+    def _init_tensors(self, device: torch.device) -> None:
+        n = len(self.groups)
+        self.buffer = torch.full((self.window_size,), math.nan, device=device)
+        self.grad_norm = torch.full((), math.nan, device=device)
+        self.param_norm = torch.full((), math.nan, device=device)
+        self.group_grad_norms = torch.full((n,), math.nan, device=device)
+        self.group_param_norms = torch.full((n,), math.nan, device=device)
+        self.last_explosion = torch.zeros((), dtype=torch.bool, device=device)
+        self._reset_window()
+
+    def _reset_window(self) -> None:
+        device = self.buffer.device
+        self.window_max_grad_norm = torch.full((), -math.inf, device=device)
+        self.window_explosions = torch.zeros((), dtype=torch.long, device=device)
+        self.window_nonfinite = torch.zeros((), dtype=torch.long, device=device)
+
+    @property
+    def due(self) -> bool:
+        """True every ``check_every`` updates (a host counter)."""
+        return self.steps > 0 and self.steps % self.check_every == 0
+
+    @torch.no_grad()
+    def update(self) -> torch.Tensor:
+        """Measure the current gradients and parameters; return the global gradient norm (tensor)."""
+        device = self.buffer.device
+        group_grads, group_params = [], []
+        for group in self.groups:
+            with_grad = [p for p in group if p.grad is not None]
+            grad_norms = _stacked_norms([p.grad for p in with_grad], device)
+            param_norms = _stacked_norms(group, device)
+            group_grads.append(torch.linalg.vector_norm(grad_norms))
+            group_params.append(torch.linalg.vector_norm(param_norms))
+        self.group_grad_norms = torch.stack(group_grads)
+        self.group_param_norms = torch.stack(group_params)
+        self.grad_norm = torch.linalg.vector_norm(self.group_grad_norms)
+        self.param_norm = torch.linalg.vector_norm(self.group_param_norms)
+        value = _as_finite_or_nan(self.grad_norm)
+        if self.steps >= self.min_history:
+            median = torch.nanmedian(self.buffer[: min(self.steps, self.window_size)])
+            self.last_explosion = value > self.explosion_factor * median
+        self.window_explosions.add_(self.last_explosion.long())
+        self.window_nonfinite.add_(torch.isnan(value).long())
+        self.window_max_grad_norm = torch.fmax(self.window_max_grad_norm, value)
+        self.buffer[self.steps % self.window_size] = value
+        self.steps += 1
+        return self.grad_norm
+
+    @torch.no_grad()
+    def summary(self) -> dict[str, Any]:
+        """Read every statistic on the host at once (one sync)."""
+        filled = self.buffer[: min(self.steps, self.window_size)]
+        median = torch.nanmedian(filled) if filled.numel() else torch.full((), math.nan)
+        scalars = torch.stack([
+            self.grad_norm, self.param_norm, median.to(self.grad_norm.device),
+            self.window_max_grad_norm, self.window_explosions.float(), self.window_nonfinite.float(),
+        ])
+        packed = torch.cat([scalars, self.group_grad_norms, self.group_param_norms]).tolist()
+        n = len(self.groups)
+        grad, param, median_v, max_v, explosions, nonfinite = packed[:6]
+        return {
+            "steps": self.steps,
+            "grad_norm": grad,
+            "param_norm": param,
+            "grad_to_param_ratio": grad / param if param > 0 else math.nan,
+            "median_grad_norm": median_v,
+            "max_grad_norm": max_v if max_v > -math.inf else math.nan,
+            "explosions": int(explosions),
+            "nonfinite": int(nonfinite),
+            "group_grad_norms": packed[6:6 + n],
+            "group_param_norms": packed[6 + n:],
+        }
+
+    def check(self) -> dict[str, Any]:
+        """:meth:`summary`, then start a new check window."""
+        report = self.summary()
+        self._reset_window()
+        return report
+
+    def state_dict(self) -> dict[str, Any]:
+        settings = {k: getattr(self, k) for k in
+                    ("window_size", "explosion_factor", "min_history", "check_every", "steps")}
+        return {**settings, **{k: getattr(self, k).detach().clone() for k in self._tensor_keys}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        device = self.buffer.device
+        for key, value in state.items():
+            setattr(self, key, value.detach().clone().to(device) if torch.is_tensor(value) else value)
