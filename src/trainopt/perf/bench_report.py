@@ -1,0 +1,193 @@
+"""Tables, summaries and charts of benchmark results, made from the JSON that the harness writes.
+
+Every number these functions print is read from a results file written by
+:func:`trainopt.perf.bench.run_matrix` (or ``python -m trainopt.bench``); they compute nothing
+new, so a page that renders them can't show a number that wasn't measured. A missing file gives
+a note that the result is not yet measured instead of a table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+Results = dict[str, Any]
+
+
+def load_results(source: str | os.PathLike | Results) -> Results | None:
+    """Results from a JSON path (``None`` if the file doesn't exist) or a results dict as is."""
+    if isinstance(source, dict):
+        return source
+    path = Path(source)
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def fmt_ms(seconds: float) -> str:
+    """Seconds as milliseconds with one decimal: ``0.0362`` → ``'36.2'``."""
+    return f"{seconds * 1e3:.1f}"
+
+
+def fmt_rate(value: float) -> str:
+    """A rate with thousands separators: ``45261.3`` → ``'45,261'``."""
+    return f"{value:,.0f}"
+
+
+def fmt_percent(fraction: float) -> str:
+    """A fraction as a percentage with one decimal: ``0.437`` → ``'43.7%'``."""
+    return f"{fraction * 100:.1f}%"
+
+
+def fmt_gb(num_bytes: float) -> str:
+    """Bytes as GB (10⁹) with one decimal."""
+    return f"{num_bytes / 1e9:.1f}"
+
+
+def fmt_ratio(value: float) -> str:
+    """A ratio with two decimals: ``6.53`` → ``'6.53'``."""
+    return f"{value:.2f}"
+
+
+def fmt_seconds(value: float) -> str:
+    """Seconds with one decimal."""
+    return f"{value:.1f}"
+
+
+def _missing(source: str | os.PathLike | Results) -> str:
+    name = Path(source).name if not isinstance(source, dict) else "results"
+    return (f"*Not yet measured on a GPU: `{name}` has not been recorded yet. "
+            "Run the command above on the GPU to fill this in.*\n")
+
+
+def _ok(results: Results) -> list[Results]:
+    return [r for r in results["results"] if r["status"] == "ok"]
+
+
+def provenance(results: Results) -> str:
+    """One sentence saying where, when and how the results were measured."""
+    meta = results["meta"]
+    software = f"torch {meta['torch']}" + (f", CUDA {meta['cuda']}" if meta.get("cuda") else "")
+    peak = meta.get("peak_source") or "no peak"
+    return (f"Measured on {meta['device']} ({software}) on {meta['date'][:10]} at commit "
+            f"`{meta.get('git_commit') or 'unknown'}`: median of {meta['windows']} windows of "
+            f"{meta['steps_per_window']} steps after {meta['warmup_steps']} warm-up steps. "
+            f"MFU reference: {peak}.")
+
+
+def results_table(source: str | os.PathLike | Results) -> str:
+    """A MyST Markdown table of every configuration in a results file, with its provenance.
+
+    Columns: step time (median, and the min–max over windows), tokens/s, MFU, peak memory,
+    warm-up time (compilation included). Rows that didn't run say why.
+
+    Example:
+        >>> from trainopt.perf.bench import BenchConfig, run_matrix
+        >>> res = run_matrix([BenchConfig(batch_size=2, seq_len=8)], "cpu", steps=1, windows=1, progress=False)
+        >>> print(results_table(res).splitlines()[0])
+        | configuration | step time (ms), median [min–max] | tokens/s | MFU | peak memory (GB) | warm-up (s) |
+    """
+    results = load_results(source)
+    if results is None:
+        return _missing(source)
+    lines = ["| configuration | step time (ms), median [min–max] | tokens/s | MFU | peak memory (GB) | warm-up (s) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in results["results"]:
+        if r["status"] != "ok":
+            lines.append(f"| {r['name']} | {r['status']}: {r.get('error', '')} | | | | |")
+            continue
+        t = r["step_time_s"]
+        mfu = fmt_percent(r["mfu"]) if r.get("mfu") is not None else "n/a"
+        memory = fmt_gb(r["peak_memory_bytes"]) if r.get("peak_memory_bytes") is not None else "n/a"
+        lines.append(f"| {r['name']} | {fmt_ms(t['median'])} [{fmt_ms(t['min'])}–{fmt_ms(t['max'])}] | "
+                     f"{fmt_rate(r['tokens_per_s'])} | {mfu} | {memory} | {fmt_seconds(r['warmup_s'])} |")
+    return "\n".join(lines) + "\n\n" + provenance(results) + "\n"
+
+
+def recipe_summary(source: str | os.PathLike | Results) -> str:
+    """The headline: how much faster the project's recipe runs than the plain PyTorch loop.
+
+    Example:
+        >>> recipe_summary({"meta": {}, "results": []})
+        '*No recipe comparison in these results.*\\n'
+    """
+    results = load_results(source)
+    if results is None:
+        return _missing(source)
+    recipe = results.get("recipe")
+    if not recipe:
+        return "*No recipe comparison in these results.*\n"
+    by_name = {r["name"]: r for r in results["results"]}
+    base, cand = by_name[recipe["baseline"]], by_name[recipe["candidate"]]
+    if recipe.get("speedup") is None:
+        return (f"*The recipe comparison did not complete: {base['name']} is {base['status']}, "
+                f"{cand['name']} is {cand['status']}.*\n")
+    return (f"**{fmt_ratio(recipe['speedup'])}× faster**: {cand['name']} takes "
+            f"{fmt_ms(cand['step_time_s']['median'])} ms per step where {base['name']} takes "
+            f"{fmt_ms(base['step_time_s']['median'])} ms, on {results['meta']['device']}.\n")
+
+
+def best_result(results: Results, size: str) -> Results | None:
+    """The measured configuration of model ``size`` with the highest tokens/s, or ``None``."""
+    candidates = [r for r in _ok(results) if r["config"]["size"] == size]
+    return max(candidates, key=lambda r: r["tokens_per_s"], default=None)
+
+
+def goals_summary(source: str | os.PathLike | Results, size: str = "350m") -> str:
+    """Whether the best configuration of ``size`` reached the MFU goal, with the measured figure.
+
+    Example:
+        >>> goals_summary({"meta": {"mfu_goal": 0.5}, "results": []}, size="350m")
+        '*No configuration of the 350m model was measured in these results.*\\n'
+    """
+    results = load_results(source)
+    if results is None:
+        return _missing(source)
+    best = best_result(results, size)
+    goal = results["meta"].get("mfu_goal")
+    if best is None:
+        return f"*No configuration of the {size} model was measured in these results.*\n"
+    if best.get("mfu") is None or goal is None:
+        return f"The fastest {size} configuration, {best['name']}, has no MFU reference on this device.\n"
+    verdict = "meets" if best["mfu"] >= goal else "misses"
+    return (f"The fastest {size} configuration, {best['name']}, reaches **{fmt_percent(best['mfu'])} MFU** "
+            f"({fmt_rate(best['tokens_per_s'])} tokens/s, {fmt_ms(best['step_time_s']['median'])} ms "
+            f"per step): it **{verdict}** the goal of {fmt_percent(goal)}.\n")
+
+
+def plot_results(source: str | os.PathLike | Results, title: str = "") -> Figure:
+    """A bar chart of tokens/s per configuration, labelled with MFU where there is a peak.
+
+    A missing results file gives a figure that says so.
+
+    Example:
+        >>> fig = plot_results("does-not-exist.json")
+        >>> fig.axes[0].texts[0].get_text()
+        'not yet measured on a GPU'
+    """
+    results = load_results(source)
+    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * max(1, len(results["results"]) if results else 1)))
+    if results is None:
+        ax.text(0.5, 0.5, "not yet measured on a GPU", ha="center", va="center", fontsize=14)
+        ax.set_axis_off()
+        return fig
+    rows = _ok(results)
+    names = [r["name"] for r in rows]
+    values = [r["tokens_per_s"] for r in rows]
+    bars = ax.barh(names, values, color="#4C72B0")
+    ax.invert_yaxis()
+    for bar, r in zip(bars, rows):
+        label = fmt_rate(r["tokens_per_s"])
+        if r.get("mfu") is not None:
+            label += f"  ({fmt_percent(r['mfu'])} MFU)"
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + label, va="center", fontsize=8)
+    ax.set_xlabel("tokens/s (median over windows)")
+    ax.set_xlim(0, max(values, default=1) * 1.45)
+    ax.set_title(title or f"Training throughput on {results['meta']['device']}")
+    fig.tight_layout()
+    return fig
