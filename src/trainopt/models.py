@@ -55,7 +55,10 @@ def digits_data(
     x, y = x[perm], y[perm]
     n_val = int(round(len(x) * val_fraction))
     x_train, y_train, x_val, y_val = x[n_val:], y[n_val:], x[:n_val], y[:n_val]
-    mean, std = x_train.mean(0), x_train.std(0).clamp_min(1e-6)
+    mean, std = x_train.mean(0), x_train.std(0)
+    # A pixel that is constant in the training split is only centred: dividing by a clamped
+    # std of 1e-6 turned a validation sample's 1 into 1e6 and dominated the validation loss.
+    std = torch.where(std > 1e-6, std, torch.ones_like(std))
     return (
         ((x_train - mean) / std).to(dtype),
         y_train,
