@@ -3,8 +3,10 @@
 ``.item()``, ``float(t)``, ``bool(t)`` and ``if t:`` on a tensor all reach the host through one
 ATen operator, ``aten._local_scalar_dense``. :class:`HostSyncCounter` is a
 ``TorchDispatchMode`` that counts those calls (and remembers where they came from), so a CPU
-test can prove that code would not synchronise a GPU. On a GPU,
-``torch.cuda.set_sync_debug_mode("error")`` gives the same guarantee at run time.
+test can prove that code would not synchronise a GPU. It also counts copies from an accelerator
+to the CPU (``.cpu()``, ``.to("cpu")``), which only show up when the tensors live on one;
+``.tolist()`` and ``.numpy()`` read memory without dispatching, so no dispatch mode sees them.
+On a GPU, ``torch.cuda.set_sync_debug_mode("error")`` catches every kind at run time.
 """
 
 from __future__ import annotations
@@ -14,6 +16,17 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+
+def _is_device_to_host(func: Any, args: tuple, kwargs: dict | None) -> bool:
+    """A copy from a non-CPU tensor into CPU memory (it waits for the device)."""
+    kwargs = kwargs or {}
+    if func is torch.ops.aten._to_copy.default:
+        device = kwargs.get("device")
+        return device is not None and torch.device(device).type == "cpu" and args[0].device.type != "cpu"
+    if func is torch.ops.aten.copy_.default:
+        return args[0].device.type == "cpu" and args[1].device.type != "cpu"
+    return False
 
 
 class HostSyncCounter(TorchDispatchMode):
@@ -39,7 +52,7 @@ class HostSyncCounter(TorchDispatchMode):
         self.stacks: list[str] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if func is torch.ops.aten._local_scalar_dense.default:
+        if func is torch.ops.aten._local_scalar_dense.default or _is_device_to_host(func, args, kwargs):
             self.count += 1
             if len(self.stacks) < self.keep_stacks:
                 self.stacks.append("".join(traceback.format_stack(limit=8)[:-1]))
