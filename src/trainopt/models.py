@@ -296,7 +296,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits
-        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         """Parameter count; ``non_embedding=True`` leaves out the position embedding.
@@ -331,4 +331,4 @@ def synthetic_batch(
     seq_len = seq_len or config.block_size
     tokens = torch.randint(0, config.vocab_size, (batch_size, seq_len + 1), generator=generator)
     tokens = tokens.to(device)
-    return tokens[:, :-1], tokens[:, 1:]
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
