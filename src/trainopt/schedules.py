@@ -195,7 +195,7 @@ def cyclical_scale(step: int, step_size: int, mode: str = "triangular", gamma: f
     x = 1.0 + step / cycle_length - cycle  # position in the cycle, in [0, 1)
     height = x / 0.5 if x <= 0.5 else (x - 1) / (0.5 - 1)
     if mode == "triangular2":
-        return height * (1 / 2.0 ** (cycle - 1))
+        return height * 0.5 ** (cycle - 1)  # underflows to 0 where 1 / 2**n would overflow
     if mode == "exp_range":
         return height * gamma**step
     return height
