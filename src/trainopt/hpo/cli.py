@@ -101,7 +101,7 @@ def load_hpo_config(path: str | Path) -> HPOConfig:
     Example:
         >>> import tempfile
         >>> path = Path(tempfile.mkdtemp()) / "tune.yaml"
-        >>> _ = path.write_text("search_space:\n  lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}\n")
+        >>> _ = path.write_text("search_space:\\n  lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}\\n")
         >>> config = load_hpo_config(path)
         >>> config.name, sorted(config.space), config.directions
         ('tune', ['lr'], ['minimize'])

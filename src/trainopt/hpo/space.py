@@ -255,8 +255,9 @@ def lr_bounds_from_finder(finder_or_lr: Any, below: float = 10.0, above: float =
             close to where training diverges, so the upper margin is smaller).
 
     Example:
-        >>> lr_bounds_from_finder(3e-3)
-        (0.0003, 0.009)
+        >>> low, high = lr_bounds_from_finder(3e-3)
+        >>> f"{low:.1e} {high:.1e}"
+        '3.0e-04 9.0e-03'
     """
     lr = finder_or_lr.suggest_lr() if hasattr(finder_or_lr, "suggest_lr") else finder_or_lr
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
@@ -273,8 +274,8 @@ def seed_lr_range(space: SearchSpace, finder_or_lr: Any, name: str = "lr", below
     Example:
         >>> space = SearchSpace.from_dict({"lr": {"type": "float", "low": 1e-5, "high": 1.0, "log": True}})
         >>> seeded = seed_lr_range(space, 3e-3)
-        >>> seeded["lr"].low, seeded["lr"].high, seeded["lr"].log
-        (0.0003, 0.009, True)
+        >>> f'{seeded["lr"].low:.1e} {seeded["lr"].high:.1e}', seeded["lr"].log
+        ('3.0e-04 9.0e-03', True)
     """
     low, high = lr_bounds_from_finder(finder_or_lr, below, above)
     return space.with_bounds(name, low, high)
