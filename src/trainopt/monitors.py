@@ -82,12 +82,32 @@ MAD_TO_SIGMA = 1.4826
 """``1 / Φ⁻¹(3/4)``: the median absolute deviation times this estimates σ for normal data."""
 
 
+def nanmedian(x: torch.Tensor) -> torch.Tensor:
+    """Median of the non-NaN entries of a 1-d tensor (mean of the two middle values), without a sync.
+
+    Sorting puts NaN last; the middle index comes from an on-device count of the non-NaN
+    entries and is read with ``gather``, so nothing is copied to the host (some torch builds'
+    ``nanmedian`` kernels read the count on the host). NaN when every entry is NaN.
+
+    Example:
+        >>> nanmedian(torch.tensor([3.0, float("nan"), 1.0, 2.0, 10.0]))
+        tensor(2.5000)
+    """
+    ordered = torch.sort(x.reshape(-1)).values
+    count = (~torch.isnan(ordered)).sum()
+    last = max(ordered.numel() - 1, 0)
+    low = torch.div(count - 1, 2, rounding_mode="floor").clamp(0, last)
+    high = torch.div(count, 2, rounding_mode="floor").clamp(0, last)
+    middle = ordered.gather(0, torch.stack([low, high]))
+    return middle.mean()
+
+
 def robust_zscore(
     value: torch.Tensor, window: torch.Tensor, rel_floor: float = 1e-2, abs_floor: float = 1e-8
 ) -> torch.Tensor:
     """Robust z-score of ``value`` against ``window``: ``(value - median) / (1.4826 · MAD)``.
 
-    NaN entries of ``window`` are ignored (``torch.nanmedian``), so a non-finite loss stored as
+    NaN entries of ``window`` are ignored (:func:`nanmedian`), so a non-finite loss stored as
     NaN never moves the statistics. The scale is floored at ``rel_floor · |median|`` and
     ``abs_floor``: a window of identical values does not turn every wiggle into a spike. Unlike
     the coefficient of variation ``std / mean``, the score is defined for zero and negative
@@ -109,8 +129,8 @@ def robust_zscore(
         >>> bool(robust_zscore(torch.tensor(-1.0), window) > 6)
         True
     """
-    median = torch.nanmedian(window)
-    mad = torch.nanmedian((window - median).abs())
+    median = nanmedian(window)
+    mad = nanmedian((window - median).abs())
     scale = torch.maximum(MAD_TO_SIGMA * mad, rel_floor * median.abs()).clamp_min(abs_floor)
     return (value.to(window.dtype) - median) / scale
 
@@ -266,8 +286,8 @@ class LossStabilityMonitor:
     def summary(self) -> dict[str, Any]:
         """Read the statistics on the host (one sync) without starting a new window."""
         window = self.detector.window
-        median = torch.nanmedian(window) if window.numel() else torch.full((), math.nan)
-        mad = torch.nanmedian((window - median).abs()) if window.numel() else median
+        median = nanmedian(window) if window.numel() else torch.full((), math.nan)
+        mad = nanmedian((window - median).abs()) if window.numel() else median
         values = torch.stack([
             self.last_loss.float(), median.to(self.last_loss.device).float(),
             (MAD_TO_SIGMA * mad).to(self.last_loss.device).float(),
@@ -330,9 +350,10 @@ def _stacked_norms(tensors: list[torch.Tensor], device: torch.device) -> torch.T
 class GradientMonitor:
     """Global and per-group gradient and parameter norms, computed in one fused pass per group.
 
-    Each :meth:`update` computes every per-tensor norm with ``torch._foreach_norm`` and reduces
-    the stacked norms with ``torch.linalg.vector_norm``: a handful of kernels, whatever the
-    number of parameters, and no ``.item()``. The global gradient norm is returned as a tensor
+    Each :meth:`update` computes every per-tensor gradient norm with ``torch._foreach_norm`` and
+    reduces the stacked norms with ``torch.linalg.vector_norm``: a handful of kernels, whatever
+    the number of parameters, and no ``.item()``. Parameter norms (reported, never acted on)
+    are measured the same way when :meth:`summary` reads the statistics. The global gradient norm is returned as a tensor
     (the same value :func:`torch.nn.utils.clip_grad_norm_` computes, so a clipper can reuse it).
 
     A gradient *explosion* is a global norm above ``explosion_factor`` times the median of the
@@ -416,20 +437,15 @@ class GradientMonitor:
     def update(self) -> torch.Tensor:
         """Measure the current gradients and parameters; return the global gradient norm (tensor)."""
         device = self.buffer.device
-        group_grads, group_params = [], []
-        for group in self.groups:
-            with_grad = [p for p in group if p.grad is not None]
-            grad_norms = _stacked_norms([p.grad for p in with_grad], device)
-            param_norms = _stacked_norms(group, device)
-            group_grads.append(torch.linalg.vector_norm(grad_norms))
-            group_params.append(torch.linalg.vector_norm(param_norms))
+        group_grads = [
+            torch.linalg.vector_norm(_stacked_norms([p.grad for p in group if p.grad is not None], device))
+            for group in self.groups
+        ]
         self.group_grad_norms = torch.stack(group_grads)
-        self.group_param_norms = torch.stack(group_params)
         self.grad_norm = torch.linalg.vector_norm(self.group_grad_norms)
-        self.param_norm = torch.linalg.vector_norm(self.group_param_norms)
         value = _as_finite_or_nan(self.grad_norm)
         if self.steps >= self.min_history:
-            median = torch.nanmedian(self.buffer[: min(self.steps, self.window_size)])
+            median = nanmedian(self.buffer[: min(self.steps, self.window_size)])
             self.last_explosion = value > self.explosion_factor * median
         self.window_explosions.add_(self.last_explosion.long())
         self.window_nonfinite.add_(torch.isnan(value).long())
@@ -440,9 +456,18 @@ class GradientMonitor:
 
     @torch.no_grad()
     def summary(self) -> dict[str, Any]:
-        """Read every statistic on the host at once (one sync)."""
+        """Read every statistic on the host at once (one sync).
+
+        Parameter norms are measured here, not in :meth:`update`: they are only reported, so
+        the step does not pay for a pass over the weights.
+        """
+        device = self.buffer.device
+        self.group_param_norms = torch.stack(
+            [torch.linalg.vector_norm(_stacked_norms(group, device)) for group in self.groups]
+        )
+        self.param_norm = torch.linalg.vector_norm(self.group_param_norms)
         filled = self.buffer[: min(self.steps, self.window_size)]
-        median = torch.nanmedian(filled) if filled.numel() else torch.full((), math.nan)
+        median = nanmedian(filled) if filled.numel() else torch.full((), math.nan)
         scalars = torch.stack([
             self.grad_norm, self.param_norm, median.to(self.grad_norm.device),
             self.window_max_grad_norm, self.window_explosions.float(), self.window_nonfinite.float(),
