@@ -1,0 +1,406 @@
+"""Training memory: activation checkpointing, per-phase reports, estimates and snapshots.
+
+- :func:`apply_activation_checkpointing` wraps chosen modules' ``forward`` in non-reentrant
+  ``torch.utils.checkpoint``: their activations are recomputed in backward instead of stored.
+- :class:`MemoryTracker` records allocated, reserved and peak CUDA memory per phase of a step.
+- :func:`estimate_training_memory` predicts the peak of a training step of the reference GPT
+  from bytes per parameter and an activation count (see :func:`gpt_activation_bytes`).
+- :func:`saved_activation_bytes` measures what autograd keeps for backward, on any device.
+- :func:`record_memory_history` writes a CUDA memory snapshot for https://pytorch.org/memory_viz.
+- :func:`allocator_settings` reads ``PYTORCH_CUDA_ALLOC_CONF`` (``expandable_segments`` …).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+_CHECKPOINTED = "_trainopt_checkpointed_forward"
+
+
+def _matmul_and_attention_ops() -> set[Any]:
+    names = ["mm", "addmm", "bmm", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+             "_scaled_dot_product_flash_attention_for_cpu"]
+    return {getattr(torch.ops.aten, n).default for n in names if hasattr(torch.ops.aten, n)}
+
+
+def _selective_context_fn() -> Callable[[], Any]:
+    """Save matmul and attention outputs; recompute the cheap ops (norms, GELU, casts)."""
+    try:
+        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    except ImportError as exc:  # torch < 2.4
+        raise RuntimeError("selective checkpointing needs torch >= 2.4") from exc
+    saved = _matmul_and_attention_ops()
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return functools.partial(create_selective_checkpoint_contexts, policy)
+
+
+def apply_activation_checkpointing(
+    model: nn.Module,
+    modules: type[nn.Module] | tuple[type[nn.Module], ...] | Callable[[nn.Module], bool],
+    every: int = 1,
+    selective: bool = False,
+) -> list[str]:
+    """Recompute the activations of chosen submodules in backward instead of storing them.
+
+    Each chosen module's ``forward`` runs under ``torch.utils.checkpoint.checkpoint`` with
+    ``use_reentrant=False``: autograd keeps only the module's inputs and runs its forward
+    again during backward. Outside grad mode (evaluation) the module runs as before.
+
+    Args:
+        model: The model to modify in place.
+        modules: A module type (or tuple of types), or a predicate ``module -> bool``.
+        every: Checkpoint every ``every``-th matching module (1: all, 2: every second …),
+            counting from the first in ``model.named_modules()`` order.
+        selective: Keep matmul and attention outputs, recompute only the cheap ops between
+            them (``torch.utils.checkpoint.create_selective_checkpoint_contexts``).
+
+    Returns:
+        The qualified names of the modules now checkpointed.
+
+    Example:
+        >>> from trainopt.models import GPT, Block, gpt_config
+        >>> model = GPT(gpt_config("tiny", n_layer=4))
+        >>> apply_activation_checkpointing(model, Block, every=2)
+        ['blocks.0', 'blocks.2']
+    """
+    if not isinstance(every, int) or every < 1:
+        raise ValueError(f"every must be a positive int, got {every=}")
+    if isinstance(modules, type) or isinstance(modules, tuple):
+        types = modules
+        predicate: Callable[[nn.Module], bool] = lambda m: isinstance(m, types)  # noqa: E731
+    elif callable(modules):
+        predicate = modules
+    else:
+        raise TypeError(f"modules must be a module type, a tuple of types or a predicate, got {modules!r}")
+    context_fn = _selective_context_fn() if selective else None
+    matches = [(name, m) for name, m in model.named_modules() if name and predicate(m)]
+    chosen = matches[::every]
+    for _, module in chosen:
+        _wrap_forward(module, context_fn)
+    return [name for name, _ in chosen]
+
+
+def _wrap_forward(module: nn.Module, context_fn: Callable[[], Any] | None) -> None:
+    if hasattr(module, _CHECKPOINTED):
+        raise ValueError(f"{type(module).__name__} is already checkpointed")
+    original = module.forward
+    extra = {"context_fn": context_fn} if context_fn is not None else {}
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return original(*args, **kwargs)
+        return checkpoint(original, *args, use_reentrant=False, **extra, **kwargs)
+
+    setattr(module, _CHECKPOINTED, original)
+    module.forward = forward
+
+
+def remove_activation_checkpointing(model: nn.Module) -> list[str]:
+    """Undo :func:`apply_activation_checkpointing`; return the names restored."""
+    restored = []
+    for name, module in model.named_modules():
+        if hasattr(module, _CHECKPOINTED):
+            module.forward = getattr(module, _CHECKPOINTED)
+            delattr(module, _CHECKPOINTED)
+            restored.append(name)
+    return restored
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring: what autograd saves, and CUDA memory per phase
+# ---------------------------------------------------------------------------------------------
+
+
+def saved_activation_bytes(model: nn.Module, fn: Callable[[], Any]) -> int:
+    """Bytes of the tensors autograd saves for backward while ``fn()`` runs (any device).
+
+    Storages are counted once; the model's parameters are left out (they exist anyway), so
+    what remains is activations plus, under autocast, the low-precision copies of weights.
+    The inputs that checkpointed modules keep are counted; what they recompute is not.
+
+    Example:
+        >>> layer = torch.nn.Linear(8, 8)
+        >>> x = torch.randn(4, 8, requires_grad=True)
+        >>> saved_activation_bytes(layer, lambda: torch.relu(layer(x)).sum())
+        256
+    """
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+@dataclass(frozen=True)
+class PhaseMemory:
+    """CUDA memory after one phase of a step, in bytes (``None`` where unavailable)."""
+
+    phase: str
+    allocated: int | None
+    reserved: int | None
+    peak: int | None
+
+
+class MemoryTracker:
+    """Record allocated, reserved and peak memory for each phase of a training step.
+
+    ``with tracker.phase("forward"): ...`` resets the peak counter on entry and, on exit,
+    synchronises and reads ``torch.cuda.memory_allocated``, ``memory_reserved`` and
+    ``max_memory_allocated``. It is a diagnostic: the sync per phase is the price, so use it
+    for a few steps, not on every step of a run. On a CPU it records ``None`` and
+    :attr:`available` is ``False``: PyTorch keeps no allocator statistics for CPU tensors.
+
+    Example:
+        >>> tracker = MemoryTracker("cpu")
+        >>> with tracker.phase("forward"):
+        ...     _ = torch.ones(3) * 2
+        >>> tracker.available, tracker.phases[0]
+        (False, PhaseMemory(phase='forward', allocated=None, reserved=None, peak=None))
+    """
+
+    def __init__(self, device: str | torch.device) -> None:
+        self.device = torch.device(device)
+        self.available = self.device.type == "cuda" and torch.cuda.is_available()
+        self.phases: list[PhaseMemory] = []
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Measure the block as phase ``name``."""
+        if self.available:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        yield
+        if not self.available:
+            self.phases.append(PhaseMemory(name, None, None, None))
+            return
+        torch.cuda.synchronize(self.device)
+        self.phases.append(PhaseMemory(
+            name,
+            torch.cuda.memory_allocated(self.device),
+            torch.cuda.memory_reserved(self.device),
+            torch.cuda.max_memory_allocated(self.device),
+        ))
+
+    @property
+    def peak(self) -> int | None:
+        """Highest peak over the recorded phases."""
+        peaks = [p.peak for p in self.phases if p.peak is not None]
+        return max(peaks) if peaks else None
+
+    def table(self) -> str:
+        """The phases as a Markdown table in MiB (or a note that stats are unavailable)."""
+        if not self.available:
+            return f"CUDA memory statistics are unavailable on {self.device.type!r}."
+        rows = ["| phase | allocated (MiB) | reserved (MiB) | peak (MiB) |", "| --- | ---: | ---: | ---: |"]
+        rows += [f"| {p.phase} | {p.allocated / 2**20:,.0f} | {p.reserved / 2**20:,.0f} | "
+                 f"{p.peak / 2**20:,.0f} |" for p in self.phases]
+        return "\n".join(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Estimating
+# ---------------------------------------------------------------------------------------------
+
+OPTIMIZER_STATE_BYTES: dict[str, int] = {"sgd": 0, "sgd_momentum": 4, "adam": 8, "adamw": 8}
+
+
+def bytes_per_parameter(optimizer: str = "adamw", weights_dtype: torch.dtype = torch.float32,
+                        master_weights: bool = False) -> dict[str, int]:
+    """Bytes each parameter costs in training, by kind.
+
+    Autocast (``bf16``/``fp16`` precision here) keeps fp32 weights, so it changes nothing in
+    this table; storing the weights in bf16 does, and then an fp32 master copy is usual.
+
+    Args:
+        optimizer: One of :data:`OPTIMIZER_STATE_BYTES` (fp32 states).
+        weights_dtype: Dtype of the weights and gradients.
+        master_weights: Whether an fp32 master copy of low-precision weights is kept.
+
+    Example:
+        >>> bytes_per_parameter("adamw")
+        {'weights': 4, 'gradients': 4, 'optimizer_states': 8, 'master_weights': 0}
+        >>> sum(bytes_per_parameter("adamw", torch.bfloat16, master_weights=True).values())
+        16
+    """
+    if optimizer not in OPTIMIZER_STATE_BYTES:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATE_BYTES)}, got {optimizer!r}")
+    size = torch.empty((), dtype=weights_dtype).element_size()
+    return {"weights": size, "gradients": size, "optimizer_states": OPTIMIZER_STATE_BYTES[optimizer],
+            "master_weights": 4 if master_weights else 0}
+
+
+def gpt_activation_bytes(config: Any, batch_size: int, seq_len: int, precision: str = "bf16",
+                         checkpointed_layers: int = 0) -> dict[str, int]:
+    """Bytes autograd saves in the forward of :class:`trainopt.models.GPT`, by part.
+
+    With ``n = batch_size · seq_len`` tokens, width ``h``, ``H`` heads, vocabulary ``V`` and
+    ``a`` bytes per activation (2 under bf16/fp16 autocast, 4 otherwise), a block saves
+    ``n·h·(8 + 14·a) + n·(16 + 4·H)`` bytes: two fp32 LayerNorm inputs (8), the inputs of the
+    four matmuls (1 + 1 + 1 + 4 widths), q, k, v (3), the GELU input (4) and, from
+    flash/memory-efficient attention, the output (1) and an fp32 log-sum-exp per head — never
+    the ``T × T`` scores. A checkpointed block keeps only its fp32 input, ``4·n·h``.
+    The head keeps the final LayerNorm input (``4·n·h``), the LM-head input (``a·n·h``) and
+    the fp32 log-softmax (``4·n·V``). Under autocast, the bf16 copies of matmul weights that
+    backward needs are counted too (``weight_casts``).
+
+    Example:
+        >>> from trainopt.models import gpt_config
+        >>> parts = gpt_activation_bytes(gpt_config("tiny"), batch_size=2, seq_len=64, precision="fp32")
+        >>> parts["blocks"] == 2 * (128 * 64 * (8 + 14 * 4) + 128 * (16 + 4 * 4))
+        True
+    """
+    if precision not in ("fp32", "tf32", "bf16", "fp16"):
+        raise ValueError(f"precision must be one of ['fp32', 'tf32', 'bf16', 'fp16'], got {precision!r}")
+    if not 0 <= checkpointed_layers <= config.n_layer:
+        raise ValueError(f"checkpointed_layers must be in [0, {config.n_layer}], got {checkpointed_layers=}")
+    a = 2 if precision in ("bf16", "fp16") else 4
+    n, h, heads, vocab = batch_size * seq_len, config.n_embd, config.n_head, config.vocab_size
+    stored_layers = config.n_layer - checkpointed_layers
+    per_block = n * h * (8 + 14 * a) + n * (16 + 4 * heads)
+    return {
+        "blocks": stored_layers * per_block + checkpointed_layers * 4 * n * h,
+        "head": 4 * n * h + a * n * h + 4 * n * vocab + 8 * n + 8 * n,
+        "weight_casts": (stored_layers * 12 * h * h + vocab * h) * 2 if a == 2 else 0,
+    }
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Predicted memory of a training step, in bytes, by part; :attr:`peak` is the sum."""
+
+    weights: int
+    gradients: int
+    optimizer_states: int
+    master_weights: int
+    activations: int
+    weight_casts: int
+    logits_backward: int
+
+    @property
+    def peak(self) -> int:
+        """Peak of the step: during backward of the loss, when the saved activations, the
+        logit gradients and the static state are all alive (gradients are not yet)."""
+        return (self.weights + self.optimizer_states + self.master_weights + self.activations
+                + self.weight_casts + self.logits_backward)
+
+    @property
+    def optimizer_phase(self) -> int:
+        """Memory in the optimizer step: weights, gradients and states (fused AdamW)."""
+        return self.weights + self.gradients + self.optimizer_states + self.master_weights
+
+
+def estimate_training_memory(model: nn.Module, precision: str = "bf16", optimizer: str = "adamw",
+                             batch_size: int = 8, seq_len: int | None = None,
+                             checkpointed_layers: int = 0) -> MemoryEstimate:
+    """Estimate the memory of one training step of a :class:`trainopt.models.GPT`.
+
+    Static part: :func:`bytes_per_parameter` × parameters. Activations:
+    :func:`gpt_activation_bytes`. Transient: backward of the cross-entropy holds the
+    gradient of the log-softmax and of the logits, both fp32 (``8·n·V``), while the
+    log-softmax output is still saved. Gradients are freed by ``zero_grad()`` before the
+    forward, so they don't add to the peak, which is reached at the start of backward.
+
+    Example:
+        >>> from trainopt.models import GPT, gpt_config
+        >>> model = GPT(gpt_config("tiny"))
+        >>> est = estimate_training_memory(model, "fp32", batch_size=2, seq_len=64)
+        >>> est.weights == 4 * model.num_parameters() and est.optimizer_states == 2 * est.weights
+        True
+    """
+    config = model.config
+    seq_len = seq_len or config.block_size
+    per_param = bytes_per_parameter(optimizer)
+    n_params = sum(p.numel() for p in model.parameters())
+    parts = gpt_activation_bytes(config, batch_size, seq_len, precision, checkpointed_layers)
+    return MemoryEstimate(
+        weights=per_param["weights"] * n_params,
+        gradients=per_param["gradients"] * n_params,
+        optimizer_states=per_param["optimizer_states"] * n_params,
+        master_weights=per_param["master_weights"] * n_params,
+        activations=parts["blocks"] + parts["head"],
+        weight_casts=parts["weight_casts"],
+        logits_backward=8 * batch_size * seq_len * config.vocab_size,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Snapshots and allocator settings
+# ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def record_memory_history(path: str | Path, max_entries: int = 100_000) -> Iterator[Path]:
+    """Record every CUDA allocation in the block and dump a snapshot to ``path`` on exit.
+
+    Open the file at https://pytorch.org/memory_viz (drag and drop) to see each allocation
+    over time with its Python stack.
+
+    Raises:
+        RuntimeError: CUDA is not available.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("record_memory_history needs CUDA: torch.cuda.is_available() is False")
+    path = Path(path)
+    torch.cuda.memory._record_memory_history(max_entries=max_entries)
+    try:
+        yield path
+    finally:
+        torch.cuda.memory._dump_snapshot(str(path))
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def allocator_settings(conf: str | None = None) -> dict[str, str]:
+    """Parse the CUDA caching allocator's settings (default: from the environment).
+
+    ``PYTORCH_CUDA_ALLOC_CONF`` (newer torch also reads ``PYTORCH_ALLOC_CONF``) holds
+    ``key:value`` pairs separated by commas, read once when CUDA first allocates.
+
+    Example:
+        >>> allocator_settings("expandable_segments:True,max_split_size_mb:128")
+        {'expandable_segments': 'True', 'max_split_size_mb': '128'}
+    """
+    if conf is None:
+        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF", "")
+    settings = {}
+    for item in filter(None, (part.strip() for part in conf.split(","))):
+        key, sep, value = item.partition(":")
+        if not sep:
+            raise ValueError(f"allocator setting must be 'key:value', got {item!r}")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+def expandable_segments_in_use() -> bool:
+    """Whether the CUDA allocator's segments are expandable (from its live snapshot).
+
+    Raises:
+        RuntimeError: CUDA is not available.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("expandable_segments_in_use needs CUDA: torch.cuda.is_available() is False")
+    probe = torch.empty(1, device="cuda")
+    segments = torch.cuda.memory_snapshot()
+    del probe
+    return bool(segments) and all(s.get("is_expandable", False) for s in segments)
