@@ -377,3 +377,12 @@ def test_debug_helper_leaves_scheduler_and_optimizer_as_it_found_them():
     before = (sched.last_epoch, sched.get_last_lr(), opt.param_groups[0]["lr"])
     debug_lr_schedule(sched, 15)
     assert (sched.last_epoch, sched.get_last_lr(), opt.param_groups[0]["lr"]) == before
+
+
+def test_triangular2_does_not_overflow_after_many_cycles():
+    opt = optimizer()
+    clr = CyclicalLearningRate(opt, 1e-4, 1e-3, step_size=1, mode="triangular2")
+    clr.last_epoch = 5000  # 2,500 cycles: 2.0 ** 2499 overflows a float
+    opt.step()
+    clr.step()
+    assert clr.get_last_lr()[0] == pytest.approx(1e-4)
