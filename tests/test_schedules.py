@@ -4,8 +4,10 @@ Cross-checks step both schedulers through every step of sampled configurations a
 the rates within 1e-12 relative. Torch's ``LinearLR`` can't start at 0 (``start_factor`` must be
 > 0), so the warm-up reference starts at ``start_factor=1e-300``: at step 0 ours is exactly 0
 and torch's is ``1e-300 * base``, which the absolute part of the tolerance (1e-290) absorbs.
-The recursive (chainable) forms of ``LinearLR`` and ``CosineAnnealingLR`` drift by a few ulps
-per step; over the sampled lengths (<= 800 steps) the drift stays below 1e-13, within 1e-12.
+The recursive (chainable) forms of ``LinearLR``, ``CosineAnnealingLR`` and ``PolynomialLR``
+drift by rounding at each step; measured against the closed forms here, the largest relative
+difference is ~2e-15 at 800 steps and ~4e-14 at 20,000 steps, well within 1e-12, so no test
+needs torch's closed form instead.
 """
 
 from __future__ import annotations
@@ -173,10 +175,7 @@ def test_cyclical_matches_torch_cyclic_lr(step_size, mode, gamma, low, span):
 def test_polynomial_decay_matches_torch_polynomial_lr(total, power, lr):
     ours = trace(lambda o: PolynomialDecaySchedule(lr, total, power=power).as_lr_scheduler(o), total + 5, (lr,))
     theirs = trace(lambda o: L.PolynomialLR(o, total_iters=total, power=power), total + 5, (lr,))
-    for step, (a, b) in enumerate(zip(ours, theirs)):
-        # PolynomialLR's recursive form divides (1 - t/T) ratios; near the end both are tiny,
-        # so compare relative to the base rate there.
-        assert abs(a[0] - b[0]) <= REL * lr, f"step {step}: {a[0]!r} vs {b[0]!r}"
+    assert_traces_match(ours, theirs)
 
 
 # --- behaviour ---------------------------------------------------------------------------------
