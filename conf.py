@@ -23,6 +23,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
+    "sphinx-mathjax-offline",  # MathJax served from _static: the site works offline
     "trainopt_docs",
 ]
 
@@ -51,7 +52,6 @@ copybutton_prompt_text = r">>> |\.\.\. |\$ "
 copybutton_prompt_is_regexp = True
 copybutton_only_copy_prompt_lines = True
 copybutton_remove_prompts = True
-copybutton_exclude = ".linenos, .gp, .go"
 
 autodoc_typehints = "description"
 autodoc_member_order = "bysource"
@@ -60,6 +60,7 @@ napoleon_numpy_docstring = False
 
 html_theme = "pydata_sphinx_theme"
 html_title = "trainopt"
+html_favicon = "docs/_static/favicon.svg"
 html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
