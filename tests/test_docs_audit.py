@@ -31,6 +31,7 @@ def test_every_python_block_is_included_or_executed() -> None:
         ("<!-- skip: next -->\n```python\nprint(1)\n```\n", "HTML comment"),
         ("% invisible-code-block: python\n", "invisible code block"),
         ("```{trainopt-source} models.GPT\n```\n", "dotted trainopt name"),
+        ("```python\n>>> 1/0\nTraceback (most recent call last):\nZeroDivisionError: x\n```\n", "traceback"),
     ],
 )
 def test_audit_names_file_and_line_of_each_bad_block(tmp_path: Path, snippet: str, message: str) -> None:

@@ -91,6 +91,10 @@ def problems_in(path: Path, root: Path | None = None) -> list[str]:
         language = info.split()[0] if info else ""
         where = f"{name}:{block.line}"
         if language == "python":
+            if re.search(r"^Traceback \(most recent call last\)", block.body, flags=re.M):
+                issues.append(
+                    f"{where}: a doctest that expects a traceback stops a reader's pasted script; "
+                    "catch the error and show its message instead")
             continue
         if language == SOURCE_DIRECTIVE:
             if not re.match(r"^\{trainopt-source\}\s+trainopt(\.\w+)+$", info):
