@@ -36,14 +36,16 @@ ALL_TIME_BUDGET_S = 480.0  # `all` fits in one 9-minute GPU call, compilation in
 DEFAULT_BATCH = {"tiny": 8, "small": 8, "124m": 16, "350m": 16}
 
 
-def suite(preset: str, device: str, size: str | None = None) -> tuple[list[BenchConfig], list[BenchConfig]]:
+def suite(preset: str, device: str, size: str | None = None,
+          batch_size: int | None = None) -> tuple[list[BenchConfig], list[BenchConfig]]:
     """The configurations of ``all --preset``: those before and after the stability benchmark.
 
     ``h100`` compares the plain loop and the recipe on the 124M model at 16 × 1024, then runs
     the recipe on the 350M model at batch 16 and 32; after the stability benchmark, if time is
     left, it tries ``max-autotune-no-cudagraphs`` and the cuDNN attention kernel at batch 32.
-    ``cpu`` is the same comparison on the tiny model. ``size`` replaces every model size (to
-    try the GPU suite at ``tiny`` size on a CPU).
+    ``cpu`` is the same comparison on the tiny model. ``size`` and ``batch_size`` replace every
+    model size and batch size (to try the GPU suite at ``tiny`` size on a CPU); configurations
+    that become identical run once.
 
     Example:
         >>> first, later = suite("h100", "cuda")
@@ -65,6 +67,8 @@ def suite(preset: str, device: str, size: str | None = None) -> tuple[list[Bench
     if size is not None:
         first, later = ([replace(c, size=size, seq_len=0, label=c.label.replace(c.size, size, 1))
                          for c in configs] for configs in (first, later))
+    if batch_size is not None:
+        first, later = ([replace(c, batch_size=batch_size) for c in configs] for configs in (first, later))
     first = list(dict.fromkeys(first))
     return first, [c for c in dict.fromkeys(later) if c not in first]
 
@@ -107,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     common(a)
     a.add_argument("--preset", choices=["h100", "cpu"], default="h100")
     a.add_argument("--size", choices=sorted(GPT_PRESETS), default=None, help="replace every model size")
+    a.add_argument("--batch-size", type=int, default=None, help="replace every batch size")
     a.add_argument("--no-stability", action="store_true", help="leave out the stability benchmark")
     a.set_defaults(time_budget=ALL_TIME_BUDGET_S)
 
@@ -160,7 +165,7 @@ def run_stability(argv: Sequence[str]) -> dict[str, Any]:
 def _all(args: argparse.Namespace) -> dict[str, Any]:
     device = _device(args.device)
     started = time.perf_counter()
-    first, later = suite(args.preset, device, args.size)
+    first, later = suite(args.preset, device, args.size, args.batch_size)
     results = _run(args, first, started=started)
     results["meta"]["preset"] = args.preset
     results["recipe"] = speedup(results, first[0].name, first[1].name)

@@ -54,7 +54,8 @@ PEAK_TFLOPS: dict[str, float] = {
     "H100 PCIe": 756.0, "H100": 989.4, "H200": 989.4, "A100": 312.0, "L4": 121.0,
 }
 DEFAULT_PEAK_TFLOPS = 989.4  # H100 SXM, bf16 dense: the MFU reference of this project
-MFU_GOAL = 0.5  # the goal for the best ~350M configuration on one H100
+MFU_GOAL = 0.5  # the goal for the best configuration of MFU_GOAL_SIZE on one H100
+MFU_GOAL_SIZE = "350m"
 
 
 @dataclass(frozen=True)
@@ -435,6 +436,7 @@ def environment(device: str | torch.device, peak_tflops: float | None = None) ->
         "peak_flops": peak,
         "peak_source": source,
         "mfu_goal": MFU_GOAL,
+        "mfu_goal_size": MFU_GOAL_SIZE,
     }
 
 

@@ -127,7 +127,9 @@ def recipe_summary(source: str | os.PathLike | Results) -> str:
     if recipe.get("speedup") is None:
         return (f"*The recipe comparison did not complete: {base['name']} is {base['status']}, "
                 f"{cand['name']} is {cand['status']}.*\n")
-    return (f"**{fmt_ratio(recipe['speedup'])}× faster**: {cand['name']} takes "
+    ratio = recipe["speedup"]
+    verdict = "faster" if ratio >= 1 else "slower: the recipe does not pay off here"
+    return (f"**Speed-up {fmt_ratio(ratio)}×** ({verdict}): {cand['name']} takes "
             f"{fmt_ms(cand['step_time_s']['median'])} ms per step where {base['name']} takes "
             f"{fmt_ms(base['step_time_s']['median'])} ms, on {results['meta']['device']}.\n")
 
@@ -138,16 +140,19 @@ def best_result(results: Results, size: str) -> Results | None:
     return max(candidates, key=lambda r: r["tokens_per_s"], default=None)
 
 
-def goals_summary(source: str | os.PathLike | Results, size: str = "350m") -> str:
+def goals_summary(source: str | os.PathLike | Results, size: str | None = None) -> str:
     """Whether the best configuration of ``size`` reached the MFU goal, with the measured figure.
 
+    ``size`` defaults to the results file's ``meta.mfu_goal_size``.
+
     Example:
-        >>> goals_summary({"meta": {"mfu_goal": 0.5}, "results": []}, size="350m")
+        >>> goals_summary({"meta": {"mfu_goal": 0.5, "mfu_goal_size": "350m"}, "results": []})
         '*No configuration of the 350m model was measured in these results.*\\n'
     """
     results = load_results(source)
     if results is None:
         return _missing(source)
+    size = size or results["meta"].get("mfu_goal_size", "")
     best = best_result(results, size)
     goal = results["meta"].get("mfu_goal")
     if best is None:
