@@ -154,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--study-name", help="study name (default: study.name of the config)")
     parser.add_argument("--create-only", action="store_true", help="create the study, run no trial")
     parser.add_argument("--plots", type=Path, help="directory for the PNG plots (default: <study-name>-plots)")
+    parser.add_argument("--no-plots", action="store_true", help="write no plots (e.g. in all workers but one)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
 
@@ -176,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_worker(study, config.space, config.objective(), show_progress_bar=not args.no_progress,
                    reseed=args.n_trials is None)
     print(best_trials_text(study))
-    if not args.create_only:
+    if not args.create_only and not args.no_plots:
         from trainopt.hpo.plots import save_plots
 
         for path in save_plots(study, args.plots or Path(f"{name}-plots")):

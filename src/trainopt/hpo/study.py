@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy
 from optuna.trial import TrialState
 
 from trainopt.hpo.reporter import TrialDiverged
@@ -112,13 +113,31 @@ def open_storage(url: str | Path) -> optuna.storages.BaseStorage:
 
         path = url.removeprefix("journal:")
         return optuna.storages.JournalStorage(JournalFileBackend(path))
+    if url.startswith("sqlite:"):
+        # isolation_level=None: the driver starts no transaction itself; the listener below does.
+        storage = optuna.storages.RDBStorage(
+            url, engine_kwargs={"connect_args": {"timeout": 60, "isolation_level": None}})
+        _begin_immediate(storage.engine)
+        return storage
     if "://" in url:
-        engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        return optuna.storages.RDBStorage(url)
     raise _config_error(
         "storage", f"must be an SQLAlchemy URL (sqlite:///study.db, postgresql+psycopg2://...) "
         f"or a journal file (journal:study.log), got {url!r}"
     )
+
+
+def _begin_immediate(engine: sqlalchemy.engine.Engine) -> None:
+    """Start every SQLite transaction with ``BEGIN IMMEDIATE``, which takes the write lock.
+
+    SQLite ignores ``SELECT ... FOR UPDATE``: two workers could both read a waiting trial,
+    both mark it running, and both run it. Holding the write lock from the first read makes
+    the claim's read-check-write atomic (PostgreSQL and MySQL lock the row instead).
+    """
+
+    @sqlalchemy.event.listens_for(engine, "begin")
+    def _begin(connection: sqlalchemy.engine.Connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def create_study(study_name: str, n_trials: int, storage: str | Path | None = None, *,

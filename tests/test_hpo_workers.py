@@ -1,0 +1,95 @@
+"""Many workers on one study: separate processes share a storage and run exactly the budget.
+
+Each test creates a study once, then starts two ``python -m trainopt.hpo`` worker processes on
+the same storage URL: SQLite, a journal file, and PostgreSQL where ``TRAINOPT_POSTGRES_URL``
+names a server (``.ci/run`` starts one).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from trainopt.hpo import create_study, open_storage
+from trainopt.hpo.cli import load_hpo_config
+
+ROOT = Path(__file__).resolve().parents[1]
+N_TRIALS = 10
+POSTGRES_URL = os.environ.get("TRAINOPT_POSTGRES_URL", "")
+
+
+def _config(tmp_path: Path) -> Path:
+    data = yaml.safe_load((ROOT / "docs" / "_data" / "hpo_digits.yaml").read_text())
+    data["training"] = {"steps": 40, "report_every": 10}
+    data["search_space"]["lr"] = {"type": "float", "low": 1.0e-5, "high": 1.0, "log": True}
+    path = tmp_path / "workers.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _run_two_workers(tmp_path: Path, storage: str) -> optuna.Study:
+    config_path = _config(tmp_path)
+    config = load_hpo_config(config_path)
+    name = f"workers-{uuid.uuid4().hex[:8]}"
+    create_study(name, N_TRIALS, storage, directions=config.directions, sampler=config.sampler,
+                 pruner=config.pruner, seed=config.seed, space=config.space)
+    command = [sys.executable, "-m", "trainopt.hpo", str(config_path), "--storage", storage,
+               "--study-name", name, "--no-progress", "--no-plots"]
+    workers = [subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for _ in range(2)]
+    outputs = [w.communicate(timeout=180) for w in workers]
+    for worker, (out, err) in zip(workers, outputs):
+        assert worker.returncode == 0, err
+    return optuna.load_study(study_name=name, storage=open_storage(storage))
+
+
+def _check(study: optuna.Study) -> None:
+    trials = study.get_trials(deepcopy=False)
+    # exactly the budget, every trial finished: none left waiting or running, none extra
+    assert len(trials) == N_TRIALS
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials), [t.state for t in trials]
+    assert sorted(t.number for t in trials) == list(range(N_TRIALS))
+    workers = {t.user_attrs["worker"] for t in trials}
+    assert len(workers) == 2, "both worker processes ran trials"
+    # pruning across workers: some trial was pruned after the other worker had completed one
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    assert pruned, "the median pruner stopped no trial"
+    assert any(
+        any(o.state == TrialState.COMPLETE and o.user_attrs["worker"] != p.user_attrs["worker"]
+            and o.datetime_complete < p.datetime_complete for o in trials)
+        for p in pruned
+    )
+
+
+def test_two_workers_share_an_sqlite_study(tmp_path: Path) -> None:
+    _check(_run_two_workers(tmp_path, f"sqlite:///{tmp_path / 'study.db'}"))
+
+
+def test_two_workers_share_a_journal_file(tmp_path: Path) -> None:
+    _check(_run_two_workers(tmp_path, f"journal:{tmp_path / 'study.log'}"))
+
+
+@pytest.mark.skipif(not POSTGRES_URL, reason="no PostgreSQL server: set TRAINOPT_POSTGRES_URL (.ci/run starts one)")
+def test_two_workers_share_a_postgresql_study(tmp_path: Path) -> None:
+    study = _run_two_workers(tmp_path, POSTGRES_URL)
+    try:
+        _check(study)
+    finally:
+        optuna.delete_study(study_name=study.study_name, storage=open_storage(POSTGRES_URL))
+
+
+def test_a_worker_without_a_study_says_how_to_create_one(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trainopt.hpo", str(_config(tmp_path)), "--storage",
+         f"sqlite:///{tmp_path / 'none.db'}", "--study-name", "missing"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert result.returncode == 2 and "create it with --n-trials" in result.stderr
