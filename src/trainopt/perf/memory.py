@@ -261,8 +261,8 @@ def gpt_activation_bytes(config: Any, batch_size: int, seq_len: int, precision: 
     four matmuls (1 + 1 + 1 + 4 widths), q, k, v (3), the GELU input (4) and, from
     flash/memory-efficient attention, the output (1) and an fp32 log-sum-exp per head — never
     the ``T × T`` scores. A checkpointed block keeps only its fp32 input, ``4·n·h``.
-    The head keeps the final LayerNorm input (``4·n·h``), the LM-head input (``a·n·h``) and
-    the fp32 log-softmax (``4·n·V``). Under autocast, the bf16 copies of matmul weights that
+    The head keeps the final LayerNorm input (``4·n·h``), the LM-head input (``a·n·h``),
+    the fp32 log-softmax (``4·n·V``) and the int64 token ids, targets and positions. Under autocast, the bf16 copies of matmul weights that
     backward needs are counted too (``weight_casts``).
 
     Example:
@@ -281,7 +281,8 @@ def gpt_activation_bytes(config: Any, batch_size: int, seq_len: int, precision: 
     per_block = n * h * (8 + 14 * a) + n * (16 + 4 * heads)
     return {
         "blocks": stored_layers * per_block + checkpointed_layers * 4 * n * h,
-        "head": 4 * n * h + a * n * h + 4 * n * vocab + 8 * n + 8 * n,
+        # LayerNorm input + stats, LM-head input, log-softmax, token ids, targets, positions
+        "head": 4 * n * h + 8 * n + a * n * h + 4 * n * vocab + 8 * n + 8 * n + 8 * seq_len,
         "weight_casts": (stored_layers * 12 * h * h + vocab * h) * 2 if a == 2 else 0,
     }
 
