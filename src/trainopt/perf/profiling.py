@@ -13,6 +13,7 @@ stream measure the GPU; reading them needs one synchronisation, done once at the
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -162,7 +163,10 @@ class StepProfiler:
         activities = [ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
+        # Keep the operator statistics of every cycle, not only the last (torch >= 2.4).
+        keep = {"acc_events": True} if repeat > 1 and "acc_events" in inspect.signature(profile).parameters else {}
         self._profile = profile(
+            **keep,
             activities=activities,
             schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=repeat),
             on_trace_ready=self._on_trace_ready,
