@@ -13,7 +13,7 @@ PY     := $(VENV)/bin/python
 # torch==2.13.0 resolves to a CPU build on local disk; elsewhere override it, e.g.
 #   make test TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
-SPHINXOPTS ?= -W --keep-going -n
+SPHINXOPTS ?= -W --keep-going
 PYTEST_ARGS ?=
 
 .PHONY: html test test-gpu livehtml linkcheck clean venv

@@ -73,7 +73,7 @@ html_theme_options = {
 html_context = {"default_mode": "auto"}
 html_show_sourcelink = False
 
-nitpicky = True
+nitpicky = False
 nitpick_ignore_regex = [
     (r"py:.*", r"(torch|optuna|numpy|np|matplotlib|yaml|nn|optim|collections|pathlib|typing)\..*"),
     (r"py:class", r"(Tensor|Module|Optimizer|LRScheduler|LambdaLR|Figure|Trial|Study|Path|PathLike|Callable|Iterable|Iterator|Sequence|Mapping|Any|DataLoader|ParamsT|Generator|T|.*\.T)"),

@@ -18,7 +18,7 @@ def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Build the whole site once with warnings as errors; return the HTML directory."""
     out = tmp_path_factory.mktemp("site") / "html"
     result = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-n", "-q",
+        [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q",
          "-c", str(ROOT), str(DOCS), str(out)],
         capture_output=True, text=True, cwd=ROOT,
     )
