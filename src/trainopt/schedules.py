@@ -338,8 +338,8 @@ def wsd_schedule(
 class CyclicalLearningRate(LRScheduler):
     """Cycle the rate between ``base_lr`` and ``max_lr`` (triangular, triangular2, exp_range).
 
-    A ``torch.optim.lr_scheduler.LRScheduler``: call :meth:`step` after each optimizer step and
-    read :meth:`get_last_lr`. ``base_lr`` and ``max_lr`` are floats (one rate for every param
+    A ``torch.optim.lr_scheduler.LRScheduler``: call ``step()`` after each optimizer step and
+    read ``get_last_lr()``. ``base_lr`` and ``max_lr`` are floats (one rate for every param
     group, as ``CyclicLR``) or one value per group. With ``total_steps``, the rate holds its
     value from that step on; without, it cycles forever.
 
@@ -389,6 +389,7 @@ class CyclicalLearningRate(LRScheduler):
         return [float(v) for v in values]
 
     def get_lr(self) -> list[float]:
+        """The rate of each param group at step ``last_epoch`` (closed form, no recursion)."""
         step = self.last_epoch if self.total_steps is None else min(self.last_epoch, self.total_steps)
         height = cyclical_scale(step, self.step_size, self.mode, self.gamma)
         return [low + (high - low) * height for low, high in zip(self.cycle_base_lrs, self.cycle_max_lrs)]
@@ -578,8 +579,12 @@ def registered_schedulers() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def scheduler_parameters(name: str) -> dict[str, inspect.Parameter]:
-    """The settings a registered scheduler takes (without ``optimizer``/``base_lr``)."""
+def scheduler_parameters(name: str) -> dict[str, Any]:
+    """The settings a registered scheduler takes, as ``inspect.Parameter`` objects by name.
+
+    ``optimizer`` (and ``base_lr`` of a :class:`SchedulerInterface`) are left out: they come
+    from the optimizer, not from a config.
+    """
     if name not in _REGISTRY:
         raise ValueError(f"type must be one of {registered_schedulers()}, got {name!r}")
     factory = _REGISTRY[name]
