@@ -174,7 +174,7 @@ def test_memory_tracker_on_cpu_reports_unavailable():
 
 def test_record_memory_history_needs_cuda(tmp_path):
     if torch.cuda.is_available():
-        pytest.skip("this checks the error raised without a GPU")
+        pytest.skip("this checks the error raised where no accelerator is present")
     with pytest.raises(RuntimeError, match="needs CUDA"):
         with record_memory_history(tmp_path / "snap.pickle"):
             pass

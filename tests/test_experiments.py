@@ -1,0 +1,128 @@
+"""Tests of trainopt.perf.experiments (the GPU measurements) and trainopt.perf.report (tables)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainopt.perf import report
+from trainopt.perf.experiments import _relative, main, run
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--size", "tiny", "--device", "cpu", "--batch-size", "2", "--seq-len", "16", "--steps", "2", "--warmup", "1"]
+RENDERERS = [report.render_environment, report.render_precision_table, report.render_checkpointing_table,
+             report.render_estimate_table, report.render_phase_table, report.render_top_operators,
+             report.render_throughput_table]
+
+
+@pytest.fixture(scope="module")
+def cpu_results(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("perf") / "perf_cpu.json"
+    main(["--out", str(out), *TINY])
+    return out
+
+
+def test_cli_writes_every_section_with_environment(cpu_results):
+    data = json.loads(cpu_results.read_text())
+    assert set(data) >= {"environment", "model", "settings", "precision", "checkpointing", "phases",
+                         "top_operators", "command"}
+    assert data["environment"]["torch"] == torch.__version__ and data["environment"]["date"]
+    assert data["command"].startswith("python -m trainopt.perf.experiments --out ")
+    assert data["model"]["tokens_per_step"] == 2 * 16
+
+
+def test_unsupported_precisions_are_recorded_with_the_reason(cpu_results):
+    rows = {r["precision"]: r for r in json.loads(cpu_results.read_text())["precision"]}
+    assert rows["fp32"]["supported"] and rows["bf16"]["supported"]
+    assert not rows["fp16"]["supported"] and "needs a CUDA GPU" in rows["fp16"]["reason"]
+    assert rows["bf16"]["step_time_median_ms"] > 0 and rows["bf16"]["loss"] > 0
+
+
+def test_checkpointing_rows_cover_every_policy_against_the_same_baseline(cpu_results):
+    section = json.loads(cpu_results.read_text())["checkpointing"]
+    assert [r["policy"] for r in section["rows"]] == ["none", "every block", "every 2nd block", "selective"]
+    assert [r["checkpointed_layers"] for r in section["rows"]] == [0, 2, 1, 2]
+    assert section["rows"][0]["time_change"] == 0.0
+    estimates = [r["estimate_bytes"] for r in section["rows"][:3]]
+    assert estimates[0] > estimates[2] > estimates[1]  # more checkpointing, lower estimate
+
+
+def test_cpu_run_records_no_memory_numbers(cpu_results):
+    data = json.loads(cpu_results.read_text())
+    assert all(r["peak_memory_bytes"] is None for r in data["precision"] if r["supported"])
+    assert data["phases"]["rows"] == []
+
+
+def test_relative_change_and_goal():
+    base = {"policy": "none", "checkpointed_layers": 0, "step_time_median_ms": 100.0,
+            "peak_memory_bytes": 1000, "estimate_bytes": None}
+    good = base | {"policy": "every block", "step_time_median_ms": 118.0, "peak_memory_bytes": 650}
+    slow = good | {"step_time_median_ms": 125.0}
+    assert _relative(good, base)["memory_change"] == pytest.approx(-0.35)
+    assert _relative(good, base)["meets_goal"] is True
+    assert _relative(slow, base)["meets_goal"] is False
+
+
+def test_cli_rejects_zero_steps(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "x.json"), "--steps", "0"])
+    assert "--steps and --warmup must be >= 1" in capsys.readouterr().err
+
+
+def test_module_runs_as_a_command(tmp_path):
+    out = tmp_path / "perf.json"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-m", "trainopt.perf.experiments", "--out", str(out), *TINY],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(out.read_text())["model"]["size"] == "tiny"
+
+
+def test_run_defaults_to_cuda_when_available():
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU fallback")
+    results = run("tiny", batch_size=1, seq_len=8, steps=1, warmup=1)
+    assert results["environment"]["device_type"] == "cpu"
+
+
+@pytest.mark.parametrize("render", RENDERERS, ids=lambda f: f.__name__)
+def test_tables_say_not_yet_measured_while_the_file_is_missing(render, tmp_path):
+    text = render(tmp_path / "perf_h100.json")
+    assert text.startswith("*Not yet measured on a GPU") and "|" not in text  # a note, no table
+
+
+@pytest.mark.parametrize("render", RENDERERS, ids=lambda f: f.__name__)
+def test_tables_from_a_cpu_run_are_labelled_as_cpu(render, cpu_results):
+    assert render(cpu_results).startswith("*These numbers come from a CPU run")
+
+
+def test_precision_table_shows_measured_values_from_the_file(cpu_results):
+    data = json.loads(cpu_results.read_text())
+    fp32 = next(r for r in data["precision"] if r["precision"] == "fp32")
+    table = report.render_precision_table(cpu_results)
+    assert f"| fp32 | {fp32['step_time_median_ms']:.1f} |" in table
+    assert "| fp16 | not supported here |" in table
+
+
+def test_estimate_rows_compute_the_error_against_measured_peaks(cpu_results):
+    data = json.loads(cpu_results.read_text())
+    for row in data["precision"]:
+        if row["supported"]:
+            row["peak_memory_bytes"] = row["estimate_bytes"] // 2
+    rows = report.estimate_rows(data)
+    assert rows[0]["error"] == pytest.approx(1.0, rel=1e-3)
+
+
+def test_committed_gpu_results_if_present_come_from_cuda():
+    path = ROOT / "docs" / "_data" / "perf_h100.json"
+    if not path.exists():
+        pytest.skip("docs/_data/perf_h100.json has not been produced yet")
+    data = json.loads(path.read_text())
+    assert data["environment"]["device_type"] == "cuda" and data["environment"]["cuda"]
+    assert all(r["peak_memory_bytes"] for r in data["precision"] if r["supported"])
