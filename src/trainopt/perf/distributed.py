@@ -22,6 +22,8 @@ import importlib
 import os
 import socket
 import tempfile
+import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,8 +92,23 @@ def _run_rank(rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, port:
     try:
         result = fn(*args)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    except BaseException:
+        # Other ranks fail next (a peer vanished mid-collective): keep the time to find the first.
+        (Path(out_dir) / f"rank{rank}.error").write_text(f"{time.time()!r}\n{traceback.format_exc()}")
+        raise
     finally:
         dist.destroy_process_group()
+
+
+def _first_error(out_dir: str) -> WorkerError | None:
+    errors = []
+    for path in Path(out_dir).glob("rank*.error"):
+        stamp, _, message = path.read_text().partition("\n")
+        errors.append((float(stamp), int(path.stem[4:]), message))
+    if not errors:
+        return None
+    _, rank, message = min(errors)
+    return WorkerError(rank, message)
 
 
 def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None = None) -> list[Any]:
@@ -114,8 +131,8 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None 
         The results of ``fn``, indexed by rank.
 
     Raises:
-        WorkerError: ``fn`` raised on some rank; the message names the rank and has its
-            traceback. The other ranks are stopped.
+        WorkerError: ``fn`` raised on some rank; the message names the rank that failed
+            first and has its traceback. The other ranks are stopped.
 
     Example:
         >>> launch(rank_and_world_size, 2)
@@ -133,10 +150,8 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None 
         try:
             mp.start_processes(_run_rank, args=(fn, args, nprocs, free_port(), backend, out_dir),
                                nprocs=nprocs, join=True, start_method="spawn")
-        except mp.ProcessRaisedException as exc:
-            raise WorkerError(exc.error_index, exc.msg) from None
-        except mp.ProcessExitedException as exc:
-            raise WorkerError(exc.error_index, str(exc)) from None
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+            raise _first_error(out_dir) or WorkerError(exc.error_index, str(exc)) from None
         return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=True) for r in range(nprocs)]
 
 

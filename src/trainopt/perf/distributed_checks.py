@@ -268,6 +268,14 @@ def rank_consistent_skip_check(steps: int = 3, bad_rank: int = 1, bad_step: int 
     return {"local_flags": local_flags, "decisions": decisions, "params": params}
 
 
+def raise_on_rank(bad_rank: int = 1) -> int:
+    """Raise ``ValueError`` on ``bad_rank`` while the other ranks wait in a barrier."""
+    if dist.get_rank() == bad_rank:
+        raise ValueError(f"rank {bad_rank} raises on purpose")
+    dist.barrier()
+    return dist.get_rank()
+
+
 def all_checks(sharded: bool | None = None) -> dict[str, Any]:
     """Every check above in one process group (start-up of a process costs seconds)."""
     sharded = fsdp2_available() if sharded is None else sharded
