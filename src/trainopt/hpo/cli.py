@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import torch
 import yaml
 
 from trainopt.hpo.digits import OBJECTIVES, digits_objective
@@ -68,10 +69,10 @@ class HPOConfig:
     def directions(self) -> list[str]:
         return [OBJECTIVES[o] for o in self.objectives]
 
-    def objective(self) -> Any:
+    def objective(self, device: str | torch.device = "cpu") -> Any:
         """The objective ``(trial, params) -> value(s)`` this config describes."""
-        return partial(_fixed_then_tuned, fixed=self.fixed, steps=self.steps,
-                       report_every=self.report_every, objectives=self.objectives)
+        return partial(_fixed_then_tuned, fixed=self.fixed, steps=self.steps, report_every=self.report_every,
+                       objectives=self.objectives, device=device)
 
 
 def _fixed_then_tuned(trial: optuna.Trial, params: dict[str, Any], fixed: dict[str, Any],
@@ -143,8 +144,8 @@ def load_hpo_config(path: str | Path) -> HPOConfig:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m trainopt.hpo``; returns the exit status."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's argument parser."""
     parser = argparse.ArgumentParser(prog="python -m trainopt.hpo", description=__doc__.split("\n")[0])
     parser.add_argument("config", help="tuning config (YAML), e.g. docs/_data/hpo_digits.yaml")
     parser.add_argument("--n-trials", type=int, help="create the study, or top it up, to N trials in all; "
@@ -155,8 +156,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--create-only", action="store_true", help="create the study, run no trial")
     parser.add_argument("--plots", type=Path, help="directory for the PNG plots (default: <study-name>-plots)")
     parser.add_argument("--no-plots", action="store_true", help="write no plots (e.g. in all workers but one)")
+    parser.add_argument("--device", help="where trials train (default: cuda if available, else cpu)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m trainopt.hpo``; returns the exit status."""
+    args = build_parser().parse_args(argv)
 
     config = load_hpo_config(args.config)
     name = args.study_name or config.name
@@ -174,7 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"no study {name!r} in {storage}: create it with --n-trials N", file=sys.stderr)
             return 2
     if not args.create_only:
-        run_worker(study, config.space, config.objective(), show_progress_bar=not args.no_progress,
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        run_worker(study, config.space, config.objective(device), show_progress_bar=not args.no_progress,
                    reseed=args.n_trials is None)
     print(best_trials_text(study))
     if not args.create_only and not args.no_plots:

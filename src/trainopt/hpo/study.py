@@ -142,7 +142,7 @@ def _begin_immediate(engine: sqlalchemy.engine.Engine) -> None:
 
 def create_study(study_name: str, n_trials: int, storage: str | Path | None = None, *,
                  directions: Sequence[str] = ("minimize",), sampler: str = "tpe",
-                 pruner: str | None = "median", seed: int | None = 0,
+                 pruner: str | optuna.pruners.BasePruner | None = "median", seed: int | None = 0,
                  space: SearchSpace | None = None) -> optuna.Study:
     """Create (or load) a study and top its budget up to ``n_trials`` trials in all.
 
@@ -155,7 +155,8 @@ def create_study(study_name: str, n_trials: int, storage: str | Path | None = No
         storage: Storage URL (see :func:`open_storage`); default ``sqlite:///<study_name>.db``.
         directions: ``"minimize"`` or ``"maximize"`` per objective.
         sampler: Sampler name (see :func:`make_sampler`).
-        pruner: Pruner name (see :func:`make_pruner`); must be none for several objectives.
+        pruner: Pruner name (see :func:`make_pruner`) or a pruner; must be none for several
+            objectives.
         seed: Seed of the sampler.
         space: The search space (needed by the grid sampler).
     """
@@ -164,13 +165,15 @@ def create_study(study_name: str, n_trials: int, storage: str | Path | None = No
     for direction in directions:
         if direction not in ("minimize", "maximize"):
             raise _config_error("study.directions", f"entries must be 'minimize' or 'maximize', got {direction!r}")
-    if len(directions) > 1 and pruner not in (None, "none"):
+    if not isinstance(pruner, optuna.pruners.BasePruner):
+        pruner = make_pruner(pruner)
+    if len(directions) > 1 and not isinstance(pruner, optuna.pruners.NopPruner):
         raise _config_error("study.pruner", f"must be null for a multi-objective study (Optuna can't "
-                            f"prune one), got {pruner!r}")
+                            f"prune one), got {type(pruner).__name__}")
     storage_obj = open_storage(storage or f"sqlite:///{study_name}.db")
     study = optuna.create_study(
         study_name=study_name, storage=storage_obj, load_if_exists=True, directions=list(directions),
-        sampler=make_sampler(sampler, seed, space), pruner=make_pruner(pruner),
+        sampler=make_sampler(sampler, seed, space), pruner=pruner,
     )
     missing = n_trials - len(study.get_trials(deepcopy=False))
     for _ in range(max(missing, 0)):
@@ -270,8 +273,8 @@ def _optimize_loop(study: optuna.Study) -> Iterator[None]:
 
 def tune(objective: Objective, space: SearchSpace, n_trials: int, *, study_name: str = "trainopt",
          storage: str | Path | None = None, directions: Sequence[str] = ("minimize",),
-         sampler: str = "tpe", pruner: str | None = "median", seed: int | None = 0,
-         show_progress_bar: bool = False) -> optuna.Study:
+         sampler: str = "tpe", pruner: str | optuna.pruners.BasePruner | None = "median",
+         seed: int | None = 0, show_progress_bar: bool = False) -> optuna.Study:
     """Tune ``objective(trial, params)`` over ``space`` until the study holds ``n_trials`` trials.
 
     The study lives in ``storage`` (an SQLite file ``<study_name>.db`` by default): run
