@@ -50,15 +50,18 @@ def test_page_config_loads_and_trains_the_digits_mlp_for_a_few_steps():
     scheduler = build_scheduler(optimizer, config)
     train, _ = digits_loaders(batch_size=64)
     losses = []
-    for step, (x, y) in zip(range(60), train):
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
+    for _ in range(3):  # 3 epochs of 23 batches: past the 50 warm-up steps
+        for x, y in train:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            losses.append(loss.item())
+    params = config.scheduler.params
     assert isinstance(optimizer, torch.optim.AdamW)
-    assert scheduler.get_last_lr()[0] < config.optimizer.lr  # past warm-up, decaying
+    assert scheduler.last_epoch == len(losses) > params["warmup_steps"]
+    assert params["min_lr"] < scheduler.get_last_lr()[0] < config.optimizer.lr  # decaying
     assert sum(losses[-10:]) < sum(losses[:10])
 
 
