@@ -26,8 +26,8 @@ from trainopt.perf.bench import (
     speedup, spread, time_windows,
 )
 from trainopt.perf.bench_report import (
-    fmt_gb, fmt_ms, fmt_percent, fmt_rate, fmt_ratio, fmt_seconds, goals_summary, plot_results,
-    recipe_summary, results_table,
+    fmt_gb, fmt_ms, fmt_percent, fmt_rate, fmt_ratio, fmt_ratio3, fmt_seconds, goals_summary,
+    plot_results, profile_table, recipe_summary, results_table, stability_summary,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def cpu_results() -> dict[str, Any]:
     configs = [BenchConfig(batch_size=2, seq_len=16, label="plain"),
                BenchConfig(batch_size=2, seq_len=16, precision="bf16", optimizer="fused", label="bf16 fused"),
                BenchConfig(batch_size=2, seq_len=16, precision="fp16", label="fp16")]
-    results = run_matrix(configs, "cpu", peak_tflops=1.0, progress=False, **FAST)
+    results = run_matrix(configs, "cpu", peak_tflops=1.0, progress=False, profile_steps=1, **FAST)
     results["recipe"] = speedup(results, "plain", "bf16 fused")
     return results
 
@@ -265,7 +265,8 @@ def test_speedup_is_the_ratio_of_median_step_times(cpu_results: dict[str, Any]) 
 # ---------------------------------------------------------------------------------------------
 
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
-FORMATS = (fmt_ms, fmt_rate, fmt_percent, fmt_gb, fmt_ratio, fmt_seconds, str)
+FORMATS = (fmt_ms, fmt_rate, fmt_percent, fmt_gb, fmt_ratio, fmt_ratio3, fmt_seconds, str)
+RENDERERS = (results_table, recipe_summary, goals_summary, profile_table, stability_summary)
 
 
 def allowed_numbers(results: Any) -> set[str]:
@@ -290,7 +291,7 @@ def allowed_numbers(results: Any) -> set[str]:
 
 
 def rendered(results: Any) -> str:
-    return "\n".join([results_table(results), recipe_summary(results), goals_summary(results, "tiny")])
+    return "\n".join(render(results) for render in RENDERERS) + goals_summary(results, "tiny")
 
 
 def test_rendered_numbers_all_come_from_the_results(cpu_results: dict[str, Any]) -> None:
@@ -308,12 +309,12 @@ def test_the_number_check_catches_a_number_not_in_the_results(cpu_results: dict[
 @pytest.mark.parametrize("path", sorted(DATA.glob("bench_*.json")), ids=lambda p: p.name)
 def test_committed_result_files_render_only_their_own_numbers(path: Path) -> None:
     results = json.loads(path.read_text())
-    text = "\n".join([results_table(path), recipe_summary(path), goals_summary(path)])
+    text = "\n".join(render(path) for render in RENDERERS)
     assert not set(NUMBER.findall(text)) - allowed_numbers(results)
 
 
 def test_a_missing_results_file_renders_as_not_yet_measured(tmp_path: Path) -> None:
-    for render in (results_table, recipe_summary, goals_summary):
+    for render in RENDERERS:
         assert "Not yet measured on a GPU" in render(tmp_path / "bench_h100.json")
 
 
@@ -323,6 +324,16 @@ def test_goal_summary_says_met_or_missed_with_the_measured_figure(cpu_results: d
         results = {**cpu_results, "meta": {**cpu_results["meta"], "mfu_goal": goal}}
         text = goals_summary(results, "tiny")
         assert f"**{verdict}**" in text and fmt_percent(best["mfu"]) in text and best["name"] in text
+
+
+def test_profile_shares_add_up_and_the_table_shows_the_fastest(cpu_results: dict[str, Any]) -> None:
+    profiled = [r for r in cpu_results["results"] if r["status"] == "ok"]
+    for record in profiled:
+        categories = record["profile"]["categories"].values()
+        assert sum(c["share"] for c in categories) == pytest.approx(1.0)
+        assert sum(c["s_per_step"] for c in categories) == pytest.approx(record["profile"]["busy_s_per_step"])
+    fastest = max(profiled, key=lambda r: r["tokens_per_s"])
+    assert profile_table(cpu_results, "tiny").startswith(f"Profile of {fastest['name']}")
 
 
 def test_chart_has_one_bar_per_measured_configuration(cpu_results: dict[str, Any]) -> None:
@@ -374,7 +385,9 @@ def test_page_gpu_command_runs_at_tiny_size_on_cpu(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     saved = json.loads(out.read_text())
     assert saved["meta"]["preset"] == "h100"
-    assert saved["recipe"]["speedup"] is not None and "stability" in saved
+    assert saved["recipe"]["speedup"] is not None and saved["stability"]["status"] == "ok"
+    assert saved["stability"]["sync_check"]["passed"]
+    assert all("profile" in r for r in saved["results"] if r["status"] == "ok")
     assert {r["config"]["size"] for r in saved["results"]} == {"tiny"}
     assert "Speed-up" in result.stdout
 

@@ -29,9 +29,12 @@ from trainopt.perf.bench import (
     ATTENTION_BACKENDS, COMPILE_BACKENDS, COMPILE_MODES, OPTIMIZERS, BenchConfig, build_matrix,
     recipe_pair, run_matrix, speedup, write_results,
 )
-from trainopt.perf.bench_report import recipe_summary, results_table
+from trainopt.perf.bench_report import (
+    goals_summary, profile_table, recipe_summary, results_table, stability_summary,
+)
 from trainopt.perf.precision import PRECISIONS
 
+STABILITY_GOAL_RATIO = 1.02  # the stability stack may cost at most 2% of step time
 ALL_TIME_BUDGET_S = 480.0  # `all` fits in one 9-minute GPU call, compilation included
 DEFAULT_BATCH = {"tiny": 8, "small": 8, "124m": 16, "350m": 16}
 
@@ -87,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--out", type=Path, default=None, help="results JSON path")
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
         p.add_argument("--compile-backend", choices=COMPILE_BACKENDS, default="inductor")
+        p.add_argument("--profile-steps", type=int, default=0, help="profile this many steps per configuration")
 
     m = sub.add_parser("matrix", help="vary one field at a time around a base configuration")
     common(m)
@@ -113,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--size", choices=sorted(GPT_PRESETS), default=None, help="replace every model size")
     a.add_argument("--batch-size", type=int, default=None, help="replace every batch size")
     a.add_argument("--no-stability", action="store_true", help="leave out the stability benchmark")
-    a.set_defaults(time_budget=ALL_TIME_BUDGET_S)
+    a.set_defaults(time_budget=ALL_TIME_BUDGET_S, profile_steps=2)
 
     sub.add_parser("stability", help="the stability stack's overhead (arguments go to trainopt.perf.stability_bench)",
                    add_help=False)
@@ -125,6 +129,7 @@ def _device(name: str | None) -> str:
 
 
 def _run(args: argparse.Namespace, configs: list[BenchConfig], **kwargs: Any) -> dict[str, Any]:
+    kwargs.setdefault("profile_steps", args.profile_steps)
     if args.compile_backend != "inductor":
         configs = [replace(c, compile_backend=args.compile_backend) for c in configs]
     return run_matrix(configs, _device(args.device), warmup_steps=args.warmup, steps=args.steps,
@@ -150,16 +155,13 @@ def _recipe(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def run_stability(argv: Sequence[str]) -> dict[str, Any]:
-    """Run ``trainopt.perf.stability_bench`` with ``argv`` plus ``--out``; return its JSON."""
+def run_stability(size: str, device: str, windows: int, steps: int, warmup_steps: int) -> dict[str, Any]:
+    """The stability benchmark (:func:`trainopt.perf.stability_bench.run`) with the goal beside it."""
     from trainopt.perf import stability_bench
 
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "stability.json"
-        code = stability_bench.main([*argv, "--out", str(out)])
-        if code not in (0, None):
-            raise RuntimeError(f"stability benchmark exited with {code}")
-        return json.loads(out.read_text())
+    result = stability_bench.run(size=size, device=device, windows=windows, steps_per_window=steps,
+                                 warmup_steps=warmup_steps)
+    return {**result, "status": "ok", "goal_ratio": STABILITY_GOAL_RATIO}
 
 
 def _all(args: argparse.Namespace) -> dict[str, Any]:
@@ -176,7 +178,8 @@ def _all(args: argparse.Namespace) -> dict[str, Any]:
         else:
             size = args.size or ("124m" if args.preset == "h100" else "tiny")
             try:
-                results["stability"] = run_stability(["--size", size, "--device", device])
+                results["stability"] = run_stability(size, device, max(args.windows, 2) * 2, args.steps,
+                                                     args.warmup)
             except Exception as exc:  # noqa: BLE001 - keep the matrix results whatever happens here
                 results["stability"] = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
     if args.out is not None:
@@ -199,8 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out is not None:
         write_results(results, args.out)
     print(results_table(results))
-    if "recipe" in results:
-        print(recipe_summary(results))
+    for render in (recipe_summary, goals_summary, profile_table, stability_summary):
+        print(render(results))
     return 0
 
 

@@ -299,6 +299,65 @@ def peak_flops_for(device: str | torch.device, peak_tflops: float | None = None)
     return DEFAULT_PEAK_TFLOPS * 1e12, f"unknown GPU {gpu!r}: H100 SXM bf16 dense {DEFAULT_PEAK_TFLOPS} TFLOP/s"
 
 
+#: Kernel (CUDA) or operator (CPU) name patterns → category of the step-time breakdown; first match wins.
+PROFILE_CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("attention", r"flash|fmha|attention|sdpa"),
+    ("optimizer", r"adam|multi_tensor|foreach"),
+    ("matmul", r"gemm|cutlass|xmma|nvjet|cublas|sm90_|sm80_|ampere_|triton_tem|aten::(mm|addmm|bmm|linear|matmul)\b"),
+    ("loss", r"log_softmax|nll|cross_entropy"),
+    ("casts and copies", r"copy|memcpy|memset|aten::to\b|aten::_to_copy"),
+    ("pointwise, norms, other", r""),
+)
+
+
+def profile_breakdown(step: Callable[[], None], device: str | torch.device, steps: int = 2) -> dict[str, Any]:
+    """Profile ``steps`` steps; return the time per step by category and the top kernels.
+
+    On CUDA it sums kernel times (what the GPU did); on a CPU the self time of operators.
+    ``busy_s_per_step`` is that sum per step: compared with the measured step time it shows
+    how long the device sat idle waiting for the host.
+
+    Example:
+        >>> model = torch.nn.Linear(64, 64)
+        >>> result = profile_breakdown(lambda: model(torch.randn(32, 64)).sum().backward(), "cpu")
+        >>> "matmul" in result["categories"], result["steps"]
+        (True, 2)
+    """
+    import re
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize(device)
+    by_name: dict[str, float] = {}
+    for event in prof.events():
+        if cuda and event.device_type == DeviceType.CUDA:
+            seconds = event.time_range.elapsed_us() / 1e6
+        elif not cuda and event.device_type == DeviceType.CPU:
+            seconds = event.self_cpu_time_total / 1e6
+        else:
+            continue
+        by_name[event.name] = by_name.get(event.name, 0.0) + seconds / steps
+    busy = sum(by_name.values())
+    categories = {name: 0.0 for name, _ in PROFILE_CATEGORIES}
+    for name, seconds in by_name.items():
+        category = next(c for c, pattern in PROFILE_CATEGORIES if re.search(pattern, name.lower()))
+        categories[category] += seconds
+    top = sorted(by_name.items(), key=lambda item: item[1], reverse=True)[:8]
+    return {
+        "steps": steps, "busy_s_per_step": busy,
+        "categories": {c: {"s_per_step": s, "share": s / busy if busy else 0.0} for c, s in categories.items()},
+        "top": [{"name": name[:90], "s_per_step": s} for name, s in top],
+    }
+
+
 def _release_memory(device: torch.device) -> None:
     gc.collect()
     if hasattr(torch, "_dynamo"):
@@ -308,14 +367,16 @@ def _release_memory(device: torch.device) -> None:
 
 
 def measure(config: BenchConfig, device: str | torch.device = "cpu", *, warmup_steps: int = 3,
-            steps: int = 10, windows: int = 5, peak_flops: float | None = None, seed: int = 0) -> dict[str, Any]:
+            steps: int = 10, windows: int = 5, peak_flops: float | None = None, seed: int = 0,
+            profile_steps: int = 0) -> dict[str, Any]:
     """Benchmark one configuration; return a JSON-ready record.
 
     Returns:
         ``status`` (``"ok"``, ``"unsupported"``, ``"oom"``), ``name``, ``config``, and for
         ``"ok"``: ``step_time_s`` (:func:`spread` over windows), ``tokens_per_s`` (tokens per
         step ÷ median step time), ``mfu`` (tokens/s × FLOPs per token ÷ ``peak_flops``, or
-        ``None``), ``peak_memory_bytes`` (CUDA only), ``warmup_s``, ``flops_per_token``.
+        ``None``), ``peak_memory_bytes`` (CUDA only), ``warmup_s``, ``flops_per_token``, and
+        with ``profile_steps > 0`` a ``profile`` (:func:`profile_breakdown`, after the timing).
 
     Example:
         >>> record = measure(BenchConfig(batch_size=2, seq_len=16), steps=2, windows=2, warmup_steps=1)
@@ -353,6 +414,7 @@ def measure(config: BenchConfig, device: str | torch.device = "cpu", *, warmup_s
             peak_memory = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
             flops_per_token = gpt.flops_per_token(config.sequence_length)
             parameters = gpt.num_parameters(non_embedding=True)
+            breakdown = profile_breakdown(step, device, profile_steps) if profile_steps else None
     except torch.cuda.OutOfMemoryError as exc:
         return {**record, "status": "oom", "error": str(exc).splitlines()[0]}
     finally:
@@ -365,7 +427,7 @@ def measure(config: BenchConfig, device: str | torch.device = "cpu", *, warmup_s
         "flops_per_token": flops_per_token, "warmup_s": warmup_s, "window_step_times_s": per_step,
         "step_time_s": step_time, "tokens_per_s": tokens_per_s,
         "mfu": tokens_per_s * flops_per_token / peak_flops if peak_flops else None,
-        "peak_memory_bytes": peak_memory,
+        "peak_memory_bytes": peak_memory, **({"profile": breakdown} if breakdown else {}),
     }
 
 
@@ -473,7 +535,7 @@ def run_matrix(configs: Sequence[BenchConfig], device: str | torch.device | None
                warmup_steps: int = 3, steps: int = 10, windows: int = 5, peak_tflops: float | None = None,
                time_budget_s: float | None = None, out: str | os.PathLike | None = None,
                progress: bool = True, results: dict[str, Any] | None = None,
-               started: float | None = None) -> dict[str, Any]:
+               started: float | None = None, profile_steps: int = 0) -> dict[str, Any]:
     """Measure ``configs`` one after the other; return (and write to ``out``) the results.
 
     Args:
@@ -487,6 +549,7 @@ def run_matrix(configs: Sequence[BenchConfig], device: str | torch.device | None
         out: JSON path, rewritten after every configuration.
         progress: Show a progress bar on stderr.
         results, started: Continue an earlier call's results and clock.
+        profile_steps: Profile this many steps of each configuration after timing it.
 
     Example:
         >>> res = run_matrix([BenchConfig(batch_size=2, seq_len=8)], "cpu", steps=1, windows=1, progress=False)
@@ -517,7 +580,7 @@ def run_matrix(configs: Sequence[BenchConfig], device: str | torch.device | None
                 begin = time.perf_counter()
                 try:
                     record = measure(config, device, warmup_steps=warmup_steps, steps=steps,
-                                     windows=windows, peak_flops=peak)
+                                     windows=windows, peak_flops=peak, profile_steps=profile_steps)
                 except Exception as exc:  # noqa: BLE001 - one failing configuration must not lose the others
                     record = {"name": config.name, "config": asdict(config), "status": "error",
                               "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}

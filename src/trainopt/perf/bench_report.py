@@ -54,6 +54,11 @@ def fmt_ratio(value: float) -> str:
     return f"{value:.2f}"
 
 
+def fmt_ratio3(value: float) -> str:
+    """A ratio with three decimals: ``1.0042`` → ``'1.004'``."""
+    return f"{value:.3f}"
+
+
 def fmt_seconds(value: float) -> str:
     """Seconds with one decimal."""
     return f"{value:.1f}"
@@ -163,6 +168,61 @@ def goals_summary(source: str | os.PathLike | Results, size: str | None = None) 
     return (f"The fastest {size} configuration, {best['name']}, reaches **{fmt_percent(best['mfu'])} MFU** "
             f"({fmt_rate(best['tokens_per_s'])} tokens/s, {fmt_ms(best['step_time_s']['median'])} ms "
             f"per step): it **{verdict}** the goal of {fmt_percent(goal)}.\n")
+
+
+def profile_table(source: str | os.PathLike | Results, size: str | None = None) -> str:
+    """Where the step time of the fastest configuration of ``size`` goes, by kernel category.
+
+    ``size`` defaults to the results file's ``meta.mfu_goal_size``, falling back to the
+    fastest profiled configuration of any size.
+    """
+    results = load_results(source)
+    if results is None:
+        return _missing(source)
+    size = size or results["meta"].get("mfu_goal_size", "")
+    profiled = [r for r in _ok(results) if "profile" in r]
+    candidates = [r for r in profiled if r["config"]["size"] == size] or profiled
+    if not candidates:
+        return "*No profile in these results.*\n"
+    best = max(candidates, key=lambda r: r["tokens_per_s"])
+    prof = best["profile"]
+    lines = [f"Profile of {best['name']} ({prof['steps']} steps): the device is busy "
+             f"{fmt_ms(prof['busy_s_per_step'])} ms of the {fmt_ms(best['step_time_s']['median'])} ms step.", "",
+             "| category | ms per step | share of busy time |", "| --- | --- | --- |"]
+    for name, cat in prof["categories"].items():
+        lines.append(f"| {name} | {fmt_ms(cat['s_per_step'])} | {fmt_percent(cat['share'])} |")
+    lines += ["", "| top kernel or operator | ms per step |", "| --- | --- |"]
+    for row in prof["top"]:
+        name = row["name"].replace("|", "/").replace("`", "'")
+        lines.append(f"| `{name}` | {fmt_ms(row['s_per_step'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def stability_summary(source: str | os.PathLike | Results) -> str:
+    """What the stability stack costs per step, against its goal, from the ``stability`` entry."""
+    results = load_results(source)
+    if results is None:
+        return _missing(source)
+    stab = results.get("stability")
+    if not stab:
+        return "*No stability benchmark in these results.*\n"
+    if stab.get("status") != "ok":
+        return f"*The stability benchmark did not run: {stab.get('status')}: {stab.get('error')}.*\n"
+    ms, ratios, cfg = stab["ms_per_step"], stab["ratios"], stab["config"]
+    ratio = ratios["stabilizer/bare"]
+    verdict = "meets" if ratio <= stab["goal_ratio"] else "misses"
+    sync = stab["sync_check"]
+    return "\n".join([
+        "| step | ms per step (median) | ratio to the bare step |", "| --- | --- | --- |",
+        f"| bare | {fmt_ms(ms['bare'] / 1e3)} | |",
+        f"| TrainingStabilizer | {fmt_ms(ms['stabilizer'] / 1e3)} | {fmt_ratio3(ratio)} |",
+        f"| seed-style `.item()` stack | {fmt_ms(ms['seed_style'] / 1e3)} | {fmt_ratio3(ratios['seed_style/bare'])} |",
+        "",
+        f"{cfg['model']}, batch {cfg['batch_size']} × {cfg['seq_len']}, {cfg['dtype']}, on "
+        f"{stab['hardware']['name']}. The stabilizer's ratio {fmt_ratio3(ratio)} **{verdict}** the goal of "
+        f"at most {fmt_ratio3(stab['goal_ratio'])}. Host syncs in {sync['steps']} steady-state steps: "
+        f"{sync['syncs'] if 'syncs' in sync else ('none' if sync['passed'] else 'some')}.",
+    ]) + "\n"
 
 
 def plot_results(source: str | os.PathLike | Results, title: str = "") -> Figure:
