@@ -44,11 +44,11 @@ def suite(preset: str, device: str, size: str | None = None,
     """The configurations of ``all --preset``: those before and after the stability benchmark.
 
     ``h100`` compares the plain loop and the recipe on the 124M model at 16 × 1024, then runs
-    the recipe on the 350M model at batch 16 and 32; after the stability benchmark, if time is
-    left, it tries ``max-autotune-no-cudagraphs`` and the cuDNN attention kernel at batch 32.
-    ``cpu`` is the same comparison on the tiny model. ``size`` and ``batch_size`` replace every
-    model size and batch size (to try the GPU suite at ``tiny`` size on a CPU); configurations
-    that become identical run once.
+    the recipe on the 350M model at batch 32; after the stability benchmark, while time is left,
+    it tries ``max-autotune-no-cudagraphs`` at batch 32, batch 16, and cuDNN attention at batch
+    32. ``cpu`` is the same comparison on the tiny model. ``size`` and ``batch_size`` replace
+    every model size and batch size (to try the GPU suite at ``tiny`` size on a CPU);
+    configurations that become identical run once.
 
     Example:
         >>> first, later = suite("h100", "cuda")
@@ -63,10 +63,10 @@ def suite(preset: str, device: str, size: str | None = None,
         later: list[BenchConfig] = []
     else:
         plain, recipe = recipe_pair("124m", device, batch_size=16, seq_len=1024)
-        big = replace(recipe, size="350m", label="")
-        first = [plain, recipe, big, replace(big, batch_size=32)]
-        later = [replace(big, batch_size=32, compile="max-autotune-no-cudagraphs"),
-                 replace(big, batch_size=32, attention="cudnn" if cuda else "auto")]
+        big = replace(recipe, size="350m", label="", batch_size=32)
+        first = [plain, recipe, big]
+        later = [replace(big, compile="max-autotune-no-cudagraphs"), replace(big, batch_size=16),
+                 replace(big, attention="cudnn" if cuda else "auto")]
     if size is not None:
         first, later = ([replace(c, size=size, seq_len=0, label=c.label.replace(c.size, size, 1))
                          for c in configs] for configs in (first, later))
