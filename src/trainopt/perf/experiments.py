@@ -20,6 +20,7 @@ measured: PyTorch keeps no allocator statistics for CPU tensors).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import platform
@@ -142,7 +143,7 @@ def phase_memory(size: str, precision_name: str, device: torch.device, batch_siz
                 optimizer.zero_grad(set_to_none=True)
     del model, optimizer, loss
     _free(device)
-    return [vars(p) | {} for p in tracker.phases] if tracker.available else []
+    return [dataclasses.asdict(p) for p in tracker.phases] if tracker.available else []
 
 
 def top_operators(size: str, precision_name: str, device: torch.device, batch_size: int,
@@ -157,7 +158,7 @@ def top_operators(size: str, precision_name: str, device: torch.device, batch_si
             prof.step()
     del model, optimizer
     _free(device)
-    return [vars(op) for op in prof.top_operators(n)]
+    return [dataclasses.asdict(op) for op in prof.top_operators(n)]
 
 
 def environment(device: torch.device) -> dict[str, Any]:

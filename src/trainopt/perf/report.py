@@ -159,6 +159,17 @@ def render_top_operators(path: str | Path) -> str:
     return _cpu_note(data) + "\n".join(lines)
 
 
+def render_device_peaks() -> str:
+    """The dense peak FLOP/s table that MFU divides by (:data:`DEVICE_PEAK_FLOPS`)."""
+    from trainopt.perf.throughput import DEVICE_PEAK_FLOPS
+
+    lines = ["| device | fp32 | tf32 | bf16 | fp16 |", "| --- | ---: | ---: | ---: | ---: |"]
+    for device, peaks in DEVICE_PEAK_FLOPS.items():
+        cells = " | ".join(f"{peaks[p] / 1e12:,.1f}" for p in ("fp32", "tf32", "bf16", "fp16"))
+        lines.append(f"| {device} | {cells} |")
+    return "\n".join(lines) + "\n\nDense TFLOP/s from NVIDIA's data sheets (the sparse figures are twice these)."
+
+
 def render_throughput_table(path: str | Path) -> str:
     """Tokens/s, samples/s and MFU per precision, with the peak each MFU is relative to."""
     data = _load(path)
