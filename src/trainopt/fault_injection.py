@@ -214,12 +214,17 @@ def fault_injection_table(path: str | Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m trainopt.fault_injection``."""
     parser = argparse.ArgumentParser(prog="python -m trainopt.fault_injection",
                                      description="Train the digits MLP clean and with injected faults; write JSON.")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--steps", type=int, default=200)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     result = run_fault_injection(steps=args.steps)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -503,3 +503,23 @@ class GradientMonitor:
         device = self.buffer.device
         for key, value in state.items():
             setattr(self, key, value.detach().clone().to(device) if torch.is_tensor(value) else value)
+
+
+@torch.no_grad()
+def nonfinite_gradients(model: torch.nn.Module) -> list[str]:
+    """Names of the parameters whose gradient holds an inf or a NaN (a debugging read: one sync).
+
+    Use it when a monitor reports non-finite gradient norms, to find where they start.
+
+    Example:
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> model[1].bias.grad[0] = float("nan")
+        >>> nonfinite_gradients(model)
+        ['1.bias']
+    """
+    named = [(name, p.grad) for name, p in model.named_parameters() if p.grad is not None]
+    if not named:
+        return []
+    flags = torch.stack([~torch.isfinite(g).all() for _, g in named]).tolist()
+    return [name for (name, _), bad in zip(named, flags) if bad]

@@ -267,7 +267,8 @@ def stability_bench_table(path: str | Path) -> str:
     return "\n".join(rows) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m trainopt.perf.stability_bench``."""
     parser = argparse.ArgumentParser(prog="python -m trainopt.perf.stability_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--size", choices=["tiny", "small", "124m", "350m"], default=None)
@@ -277,7 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps-per-window", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--seq-len", type=int, default=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     result = run(size=args.size, device=args.device, compile=args.compile, windows=args.windows,
                  steps_per_window=args.steps_per_window, batch_size=args.batch_size, seq_len=args.seq_len)
     args.out.parent.mkdir(parents=True, exist_ok=True)
