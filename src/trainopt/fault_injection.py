@@ -197,6 +197,9 @@ def fault_injection_table(path: str | Path) -> str:
         >>> print(fault_injection_table(path).splitlines()[2])
         | `nan_gradients` | 40 | step skipped | step skipped | yes |
     """
+    if not Path(path).exists():
+        return ("*Not recorded yet.* Run `python -m trainopt.fault_injection --out "
+                "docs/_data/stability_fault_injection.json` to write the table.\n")
     result = json.loads(Path(path).read_text())
     lines = ["| fault | step | expected | observed | survived |", "| --- | ---: | --- | --- | :---: |"]
     for row in result["rows"]:
