@@ -234,3 +234,27 @@ def test_no_deprecated_cuda_amp_spelling_in_src_or_docs() -> None:
                 if pattern.search(line):
                     offenders.append(f"{path.relative_to(ROOT)}:{n}")
     assert not offenders, offenders
+
+
+def test_rollback_at_a_boundary_keeps_schedule_and_applied_steps_aligned(tmp_path: Path) -> None:
+    from trainopt.checkpoint import CheckpointManager
+    from trainopt.recovery import TrainingRecovery
+
+    model, x, y = _task()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    sched = cosine_annealing_schedule(opt, total_steps=100, warmup_steps=5)
+    recovery = TrainingRecovery(model, opt, CheckpointManager(tmp_path, save_frequency=10),
+                                scheduler=sched, lr_factor=0.5)
+    stabilizer = TrainingStabilizer(model, opt, sched, check_every=10, recovery=recovery)
+    _nan_at({3}, stabilizer, model, x, y, total=20)  # boundaries at 10 and 20 save checkpoints
+    saved = [p.detach().clone() for p in model.parameters()]
+    for i in range(10):
+        stabilizer.step(_loss(model, x, y))
+        if i == 2:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p) * 3.0)
+    assert stabilizer.last_report["recovered"] is not None
+    assert stabilizer.steps == 20 and stabilizer.applied_steps == 19 == sched.last_epoch
+    assert all(torch.equal(p, s) for p, s in zip(model.parameters(), saved))
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.5 * 1e-2 * sched.lr_lambdas[0](19))

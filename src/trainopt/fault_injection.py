@@ -105,7 +105,7 @@ def _train(
             loss_factor = math.inf
         elif fault == "loss_spike":
             yb = (yb + 1) % 10
-        skipped_before = int(stabilizer.skipped) + stabilizer.total_skipped
+        skipped_before = int(stabilizer.skipped) + stabilizer.skip_events
         recoveries_before = recovery.recovery_attempts
         stabilizer.step(lambda: F.cross_entropy(model(xb), yb) * loss_factor)
         for handle in handles:
@@ -116,7 +116,7 @@ def _train(
                     p.add_(torch.randn_like(p) * 0.5)
         if fault is not None:
             observed[fault] = {"step": stabilizer.steps - 1, "call": call,
-                               "skipped": int(stabilizer.skipped) + stabilizer.total_skipped > skipped_before,
+                               "skipped": int(stabilizer.skipped) + stabilizer.skip_events > skipped_before,
                                "finite_after": _all_finite(model, optimizer),
                                "recoveries_before": recoveries_before}
         call += 1
@@ -126,7 +126,7 @@ def _train(
         val_acc = (logits.argmax(-1) == y_val).float().mean().item()
     return {
         "val_loss": val_loss, "val_accuracy": val_acc, "calls": call,
-        "skipped_steps": stabilizer.total_skipped + int(stabilizer.skipped),
+        "skipped_steps": stabilizer.skip_events + int(stabilizer.skipped),
         "recoveries": list(recovery.history), "observed": observed,
         "finite": _all_finite(model, optimizer), "lr_scale": recovery.lr_scale,
     }

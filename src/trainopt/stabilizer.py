@@ -221,7 +221,9 @@ class TrainingStabilizer:
         self.fused = _supports_found_inf(optimizer)
         self.steps = 0
         self.skipped = torch.zeros((), dtype=torch.long, device=self.device)
-        self.total_skipped = 0
+        self.total_skipped = 0  # skipped steps on the current trajectory (rewound on rollback)
+        self.skip_events = 0  # every step ever skipped, rolled back or not
+        self._skipped_at_checkpoint: dict[int, int] = {}
         self.scheduler_debt = 0
         self.last_report: dict[str, Any] | None = None
         self.reports: list[dict[str, Any]] = []
@@ -288,11 +290,13 @@ class TrainingStabilizer:
         skipped = int(self.skipped.item())
         self.skipped.zero_()
         self.total_skipped += skipped
+        self.skip_events += skipped
         report.update(step=self.steps, skipped_steps=skipped, recovered=None)
         self._reconcile_schedule(skipped)
         reason = self.recovery.check(report) if self.recovery is not None else None
         if reason is not None:
             self.steps = self.recovery.recover(reason)
+            self.total_skipped = self._skipped_at_checkpoint.get(self.steps, self.total_skipped)
             self.scheduler_debt = 0
             report["recovered"] = reason
         elif report["is_stable"] and self.recovery is not None and self.recovery.checkpoint_manager is not None:
@@ -301,6 +305,7 @@ class TrainingStabilizer:
                 self.model, self.optimizer, self.steps, loss if math.isfinite(loss) else math.inf,
                 scheduler=self.scheduler, scaler=self.scaler,
             )
+            self._skipped_at_checkpoint[self.steps] = self.total_skipped
         self.last_report = report
         self.reports.append(report)
         return report
@@ -320,7 +325,7 @@ class TrainingStabilizer:
         return self.steps - self.total_skipped - int(self.skipped.item())
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"steps": self.steps, "total_skipped": self.total_skipped,
+        state = {"steps": self.steps, "total_skipped": self.total_skipped, "skip_events": self.skip_events,
                  "scheduler_debt": self.scheduler_debt, "skipped": self.skipped.detach().clone(),
                  "checker": self.checker.state_dict()}
         if self.clipper is not None and hasattr(self.clipper, "state_dict"):
@@ -330,6 +335,7 @@ class TrainingStabilizer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps = int(state["steps"])
         self.total_skipped = int(state["total_skipped"])
+        self.skip_events = int(state.get("skip_events", self.total_skipped))
         self.scheduler_debt = int(state["scheduler_debt"])
         self.skipped = state["skipped"].detach().clone().to(self.device)
         self.checker.load_state_dict(state["checker"])
