@@ -79,10 +79,11 @@ def check_supported(name: str, device: str | torch.device = "cpu") -> None:
 
     Example:
         >>> check_supported("bf16", "cpu")  # bf16 autocast runs on a CPU
-        >>> check_supported("fp16", "cpu")
-        Traceback (most recent call last):
-        ...
-        trainopt.perf.precision.PrecisionNotSupportedError: precision 'fp16' needs a CUDA GPU, got device 'cpu'; on 'cpu' use one of ['fp32', 'bf16']
+        >>> try:
+        ...     check_supported("fp16", "cpu")
+        ... except PrecisionNotSupportedError as err:
+        ...     print(err)
+        precision 'fp16' needs a CUDA GPU, got device 'cpu'; on 'cpu' use one of ['fp32', 'bf16']
     """
     if name not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {name!r}")
