@@ -91,6 +91,7 @@ def _train(
     by_call = {call: name for name, call in faults.items()}
     observed: dict[str, dict[str, Any]] = {}
     batches = _batches(x_train, y_train, batch_size, seed)
+    curve: list[torch.Tensor] = []
     call = 0
     while stabilizer.steps < steps:
         xb, yb = next(batches)
@@ -107,7 +108,8 @@ def _train(
             yb = (yb + 1) % 10
         skipped_before = int(stabilizer.skipped) + stabilizer.skip_events
         recoveries_before = recovery.recovery_attempts
-        stabilizer.step(lambda: F.cross_entropy(model(xb), yb) * loss_factor)
+        loss = stabilizer.step(lambda: F.cross_entropy(model(xb), yb) * loss_factor)
+        curve.append(loss.float())
         for handle in handles:
             handle.remove()
         if fault == "diverged_weights":
@@ -129,6 +131,7 @@ def _train(
         "skipped_steps": stabilizer.skip_events + int(stabilizer.skipped),
         "recoveries": list(recovery.history), "observed": observed,
         "finite": _all_finite(model, optimizer), "lr_scale": recovery.lr_scale,
+        "loss_curve": [x if math.isfinite(x) else None for x in torch.stack(curve).tolist()],
     }
 
 
@@ -224,6 +227,38 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--steps", type=int, default=200)
     return parser
+
+
+def fault_injection_figure(path: str | Path) -> Any:
+    """Training loss per batch of the clean and the faulty run, with the faults marked.
+
+    Example:
+        >>> result = {"clean": {"loss_curve": [2.0, 1.0, 0.5]},
+        ...           "faulty": {"loss_curve": [2.0, None, 0.6], "recoveries": [],
+        ...                      "observed": {"inf_loss": {"call": 1}}}}
+        >>> path = Path(tempfile.mkdtemp()) / "fault_injection.json"
+        >>> _ = path.write_text(json.dumps(result))
+        >>> len(fault_injection_figure(path).axes[0].lines) >= 2
+        True
+    """
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    if not Path(path).exists():
+        ax.text(0.5, 0.5, "not recorded yet", ha="center", va="center", transform=ax.transAxes)
+        return fig
+    result = json.loads(Path(path).read_text())
+    for name, style in (("clean", dict(color="0.55", lw=1.0)), ("faulty", dict(color="C0", lw=1.0))):
+        curve = [math.nan if v is None else v for v in result[name]["loss_curve"]]
+        ax.plot(range(len(curve)), curve, label=f"{name} run", **style)
+    for i, (fault, seen) in enumerate(sorted(result["faulty"]["observed"].items(), key=lambda kv: kv[1]["call"])):
+        ax.axvline(seen["call"], color=f"C{i + 1}", ls="--", lw=0.9, label=fault.replace("_", " "))
+    ax.set_yscale("log")
+    ax.set_xlabel("batch")
+    ax.set_ylabel("training loss (log)")
+    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    ax.grid(alpha=0.3)
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:
