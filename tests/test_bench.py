@@ -128,12 +128,12 @@ class _FakeEvent:
         return 30.0
 
 
-def test_cuda_windows_record_two_events_and_sync_once_per_window(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cuda_windows_record_two_events_each_and_sync_once_at_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
     _FakeEvent.log = []
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     times = time_windows(lambda: _FakeEvent.log.append("step"), torch.device("cuda"), steps=3, windows=2)
-    window = ["record", "step", "step", "step", "record", "sync"]
-    assert _FakeEvent.log == window * 2
+    window = ["record", "step", "step", "step", "record"]
+    assert _FakeEvent.log == window * 2 + ["sync"]
     assert times == [pytest.approx(0.030 / 3)] * 2
 
 
@@ -395,3 +395,13 @@ def test_page_gpu_command_runs_at_tiny_size_on_cpu(tmp_path: Path) -> None:
 def test_cli_rejects_an_invalid_choice_naming_the_allowed_values(tmp_path: Path) -> None:
     result = run_cli(["-m", "trainopt.bench", "matrix", "--precision", "fp8"], tmp_path)
     assert result.returncode == 2 and "--precision" in result.stderr and "'bf16'" in result.stderr
+
+
+def test_every_bench_command_on_the_page_parses() -> None:
+    from trainopt.bench import build_parser
+
+    commands = console_commands()
+    assert {c[3] for c in commands} == {"matrix", "recipe", "all"}
+    for command in commands:
+        args = build_parser().parse_args(command[3:])
+        assert args.command == command[3]

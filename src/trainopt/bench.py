@@ -13,9 +13,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -76,7 +74,7 @@ def suite(preset: str, device: str, size: str | None = None,
     return first, [c for c in dict.fromkeys(later) if c not in first]
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainopt.bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -194,11 +192,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from trainopt.perf import stability_bench
 
         return stability_bench.main(argv[1:]) or 0
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         results = {"matrix": _matrix, "recipe": _recipe, "all": _all}[args.command](args)
     except ValueError as exc:
-        _parser().error(str(exc))
+        build_parser().error(str(exc))
     if args.out is not None:
         write_results(results, args.out)
     print(results_table(results))

@@ -7,7 +7,7 @@ activation checkpointing, AdamW implementation, attention backend, batch and seq
 - build the model and optimizer, run ``warmup_steps`` steps (this is where ``torch.compile``
   compiles; their time is reported apart as ``warmup_s`` and never mixed into the step time);
 - time ``windows`` windows of ``steps`` steps each; on a GPU a window is timed with two CUDA
-  events and the host waits for the GPU only once, at the window's end;
+  events and the host waits for the GPU only once, after the last window;
 - report the median step time over the windows with its spread (quartiles, min, max), the
   tokens/s and MFU derived from that median, and the peak memory of the steady state.
 
@@ -23,9 +23,9 @@ import contextlib
 import gc
 import itertools
 import json
-import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -38,10 +38,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from trainopt.models import GPT, GPT_PRESETS, gpt_config, synthetic_batch
+from trainopt.models import GPT, GPT_PRESETS, Block, gpt_config, synthetic_batch
+from trainopt.perf.memory import apply_activation_checkpointing
 from trainopt.perf.precision import PRECISIONS, Precision, PrecisionNotSupportedError
+from trainopt.perf.profiling import StepTimer
 
 COMPILE_MODES: tuple[str, ...] = (
     "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs",
@@ -172,23 +173,12 @@ def build_matrix(base: BenchConfig, axes: dict[str, Sequence[Any]], grid: bool =
     return list(dict.fromkeys(candidates))
 
 
-class _Checkpointed(nn.Module):
-    """A module whose activations are recomputed in the backward pass (non-reentrant)."""
-
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.module = module
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return checkpoint(self.module, x, use_reentrant=False)
-
-
 def build_model(config: BenchConfig, device: str | torch.device) -> nn.Module:
     """The GPT of ``config.size`` on ``device``, blocks checkpointed if asked, compiled if asked."""
     with torch.device(device):
         model = GPT(gpt_config(config.size))
     if config.checkpointing:
-        model.blocks = nn.ModuleList(_Checkpointed(block) for block in model.blocks)
+        apply_activation_checkpointing(model, Block)
     if config.compile == "none":
         return model
     if config.compile_backend == "inductor":
@@ -230,31 +220,21 @@ def make_train_step(model: nn.Module, optimizer: torch.optim.Optimizer, precisio
 def time_windows(step: Callable[[], None], device: str | torch.device, steps: int, windows: int) -> list[float]:
     """Seconds per step in each of ``windows`` windows of ``steps`` steps.
 
-    On CUDA, two events bracket each window and the host synchronises once, at its end: the
-    steps inside run asynchronously, as in training. On a CPU the wall clock is exact.
+    A :class:`~trainopt.perf.profiling.StepTimer` brackets each window: on CUDA with two events
+    and no synchronisation, so the steps run asynchronously, as in training; the host waits
+    once, on the last event, when the times are read. On a CPU the wall clock is exact.
 
     Example:
         >>> times = time_windows(lambda: sum(range(1000)), "cpu", steps=3, windows=2)
         >>> len(times), all(t > 0 for t in times)
         (2, True)
     """
-    device = torch.device(device)
-    per_step: list[float] = []
+    timer = StepTimer(device, warmup=0)
     for _ in range(windows):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+        with timer.step():
             for _ in range(steps):
                 step()
-            end.record()
-            end.synchronize()
-            per_step.append(start.elapsed_time(end) / 1000.0 / steps)
-        else:
-            begin = time.perf_counter()
-            for _ in range(steps):
-                step()
-            per_step.append((time.perf_counter() - begin) / steps)
-    return per_step
+    return [ms / 1e3 / steps for ms in timer.times_ms()]
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -323,7 +303,6 @@ def profile_breakdown(step: Callable[[], None], device: str | torch.device, step
         >>> "matmul" in result["categories"], result["steps"]
         (True, 2)
     """
-    import re
 
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
