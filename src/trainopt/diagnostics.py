@@ -20,6 +20,10 @@ off the checks that need it, and ``null``, ``NaN`` or ``"nan"`` values are read 
 ``memory_reserved``  bytes held by the allocator (cached included)
 ``max_memory``       bytes the run may use (the device's capacity, or a budget)
 ==================== ======================================================================
+
+The records :class:`trainopt.perf.throughput.ThroughputMonitor` writes are read too: its
+``step_time_median_ms``, ``memory_allocated_bytes``, ``memory_reserved_bytes`` and
+``memory_total_bytes`` stand in for ``step_time``, ``memory_*`` and ``max_memory``.
 """
 
 from __future__ import annotations
@@ -90,13 +94,26 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+# Other names of a key (trainopt.perf.throughput.ThroughputMonitor's records), with a unit factor.
+ALIASES: dict[str, tuple[str, float]] = {
+    "step_time": ("step_time_median_ms", 1e-3),
+    "memory_allocated": ("memory_allocated_bytes", 1.0),
+    "memory_reserved": ("memory_reserved_bytes", 1.0),
+    "max_memory": ("memory_total_bytes", 1.0),
+}
+
+
 def _column(records: list[dict[str, Any]], key: str) -> np.ndarray | None:
     """The values of ``key`` as floats (NaN where missing or unreadable), or None if no record has it."""
+    factor = 1.0
     if not any(key in r for r in records):
-        return None
+        if key not in ALIASES or not any(ALIASES[key][0] in r for r in records):
+            return None
+        key, factor = ALIASES[key]
     values = []
     for r in records:
         value = r.get(key)
+        value = value * factor if isinstance(value, (int, float)) else value
         try:
             values.append(float(value) if value is not None else math.nan)
         except (TypeError, ValueError):

@@ -44,6 +44,21 @@ FAULTS = (
 )
 
 
+FAULT_DESCRIPTIONS: dict[str, str] = {
+    "healthy": "none",
+    "diverging": "Adam's learning rate ramps up to 100x the healthy one",
+    "slow_convergence": "plain SGD, learning rate 0.01",
+    "plateau": "plain SGD, learning rate 1e-6",
+    "oscillating": "Adam, learning rate 10x the healthy one",
+    "loss_explosion": "learning rate 300x for 3 steps at step 150",
+    "gradient_explosion": "every 40th batch unnormalised (x30), gradients clipped at 1",
+    "nan_inf": "one NaN feature at step 200",
+    "out_of_memory": "each step keeps outputs with their autograd graph",
+    "slow_training": "from step 150, batches jittered in a Python loop",
+    "comm_overhead": "gradients all-reduced in ~1,000 small messages",
+}
+
+
 def _optimizer(fault: str, params: Any) -> tuple[torch.optim.Optimizer, float]:
     if fault == "slow_convergence":
         return torch.optim.SGD(params, lr=0.01), 0.01
@@ -199,6 +214,59 @@ def write_jsonl(records: list[dict[str, Any]], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
     return path
+
+
+def findings_table(runs_dir: str | Path) -> str:
+    """A MyST table: each recorded run, the fault injected into it, and what :func:`diagnose` names.
+
+    Example:
+        >>> print(findings_table("docs/_data/runs").splitlines()[2])
+        | `healthy` | none | — |
+    """
+    from trainopt.diagnostics import diagnose
+
+    rows = ["| run | injected fault | diagnose names (from step) |", "| --- | --- | --- |"]
+    for fault in FAULTS:
+        path = Path(runs_dir) / f"{fault}.jsonl"
+        if not path.exists():
+            rows.append(f"| `{fault}` | {FAULT_DESCRIPTIONS[fault]} | not recorded |")
+            continue
+        named = ", ".join(f"**{f.symptom}** ({f.step})" if f.symptom == fault else f"{f.symptom} ({f.step})"
+                          for f in diagnose(path)) or "—"
+        rows.append(f"| `{fault}` | {FAULT_DESCRIPTIONS[fault]} | {named} |")
+    return "\n".join(rows) + "\n"
+
+
+def runs_figure(runs_dir: str | Path, faults: tuple[str, ...] = (
+        "healthy", "diverging", "oscillating", "plateau", "loss_explosion", "gradient_explosion")) -> Any:
+    """Loss and gradient norm of recorded runs, one panel per run, shared log scale.
+
+    Example:
+        >>> fig = runs_figure("docs/_data/runs", faults=("healthy",))
+        >>> len(fig.axes)
+        2
+    """
+    import matplotlib.pyplot as plt
+
+    from trainopt.diagnostics import load_records
+
+    fig, axes = plt.subplots(2, len(faults), figsize=(2.6 * len(faults), 4.2), sharex=True, squeeze=False)
+    for column, fault in enumerate(faults):
+        records = load_records(Path(runs_dir) / f"{fault}.jsonl")
+        steps = [r["step"] for r in records]
+        for row, key in enumerate(("loss", "grad_norm")):
+            ax = axes[row][column]
+            ax.plot(steps, [r[key] for r in records], lw=0.8, color="C0" if row == 0 else "C1")
+            ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+            if row == 0:
+                ax.set_title(fault.replace("_", " "), fontsize=9)
+            else:
+                ax.set_xlabel("step")
+            if column == 0:
+                ax.set_ylabel(key.replace("_", " "))
+    fig.tight_layout()
+    return fig
 
 
 def main(argv: list[str] | None = None) -> None:
