@@ -256,7 +256,7 @@ def fault_injection_figure(path: str | Path) -> Any:
     ax.set_yscale("log")
     ax.set_xlabel("batch")
     ax.set_ylabel("training loss (log)")
-    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     return fig
 
