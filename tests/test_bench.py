@@ -405,3 +405,23 @@ def test_every_bench_command_on_the_page_parses() -> None:
     for command in commands:
         args = build_parser().parse_args(command[3:])
         assert args.command == command[3]
+
+
+def test_recipe_command_compares_the_two_loops_in_one_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainopt.bench import main
+
+    out = tmp_path / "recipe.json"
+    code = main(["recipe", "--size", "tiny", "--batch-size", "2", "--seq-len", "16", "--compile-backend", "eager",
+                 "--warmup", "1", "--steps", "1", "--windows", "1", "--no-progress", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert code == 0 and [r["status"] for r in saved["results"]] == ["ok", "ok"]
+    assert saved["recipe"] == speedup(saved, "tiny plain PyTorch loop", "tiny trainopt recipe")
+    assert "Speed-up" in capsys.readouterr().out
+
+
+def test_stability_command_delegates_to_the_stability_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
+    from trainopt.bench import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["stability", "--help"])
+    assert exit_info.value.code == 0 and "trainopt.perf.stability_bench" in capsys.readouterr().out
