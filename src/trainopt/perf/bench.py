@@ -449,13 +449,24 @@ def speedup(results: dict[str, Any], baseline: str, candidate: str) -> dict[str,
     return {"baseline": baseline, "candidate": candidate, "speedup": ratio}
 
 
-def _git_commit() -> str | None:
+def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
                              cwd=Path(__file__).resolve().parent)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_state() -> dict[str, Any]:
+    """The commit of the code that ran, and whether tracked files differed from it.
+
+    Outside a git checkout (a copied tree), the commit comes from ``TRAINOPT_GIT_COMMIT`` if set.
+    """
+    commit = _git("rev-parse", "HEAD")
+    if commit is None:
+        return {"git_commit": os.environ.get("TRAINOPT_GIT_COMMIT") or None, "git_dirty": None}
+    return {"git_commit": commit, "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no"))}
 
 
 def environment(device: str | torch.device, peak_tflops: float | None = None) -> dict[str, Any]:
@@ -465,7 +476,7 @@ def environment(device: str | torch.device, peak_tflops: float | None = None) ->
     cuda = device.type == "cuda"
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": _git_commit(),
+        **git_state(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

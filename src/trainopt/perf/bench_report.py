@@ -79,8 +79,9 @@ def provenance(results: Results) -> str:
     meta = results["meta"]
     software = f"torch {meta['torch']}" + (f", CUDA {meta['cuda']}" if meta.get("cuda") else "")
     peak = meta.get("peak_source") or "no peak"
+    dirty = " with uncommitted changes" if meta.get("git_dirty") else ""
     return (f"Measured on {meta['device']} ({software}) on {meta['date'][:10]} at commit "
-            f"`{meta.get('git_commit') or 'unknown'}`: median of {meta['windows']} windows of "
+            f"`{meta.get('git_commit') or 'unknown'}`{dirty}: median of {meta['windows']} windows of "
             f"{meta['steps_per_window']} steps after {meta['warmup_steps']} warm-up steps. "
             f"MFU reference: {peak}.")
 
