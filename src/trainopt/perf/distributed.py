@@ -24,6 +24,7 @@ import socket
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,7 @@ def _run_rank(rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, port:
     try:
         result = fn(*args)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+        dist.barrier()  # leave together: a rank that tears down early can abort a peer's gloo
     except BaseException:
         # Other ranks fail next (a peer vanished mid-collective): keep the time to find the first.
         (Path(out_dir) / f"rank{rank}.error").write_text(f"{time.time()!r}\n{traceback.format_exc()}")
@@ -151,7 +153,11 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None 
             mp.start_processes(_run_rank, args=(fn, args, nprocs, free_port(), backend, out_dir),
                                nprocs=nprocs, join=True, start_method="spawn")
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-            raise _first_error(out_dir) or WorkerError(exc.error_index, str(exc)) from None
+            error = _first_error(out_dir)
+            finished = all((Path(out_dir) / f"rank{r}.pt").exists() for r in range(nprocs))
+            if error is not None or not finished:
+                raise error or WorkerError(exc.error_index, str(exc)) from None
+            warnings.warn(f"every rank returned its result, then: {exc}", RuntimeWarning, stacklevel=2)
         return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=True) for r in range(nprocs)]
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 from collections.abc import Sequence
 from pathlib import Path
@@ -122,13 +123,22 @@ def ddp_check(steps: int = 3, bucket_cap_mb: float = 25.0, seed: int = 0, lr: fl
 
 
 def fsdp_check(steps: int = 3, seed: int = 0, lr: float = 0.1) -> dict[str, Any]:
-    """FSDP2 (blocks, then root; fp32) versus one process on the whole batch: ``max_param_diff``."""
+    """FSDP2 (blocks, then root) versus one fp32 process on the whole batch.
+
+    Returns ``max_param_diff`` (fp32 throughout) and ``max_param_diff_bf16``: with
+    ``param_dtype=torch.bfloat16`` forward, backward and the reduce-scatter run in bf16 while the
+    sharded weights and the optimizer stay fp32, so the difference is rounding, not zero.
+    """
     device = rank_device()
     batches = _batches(steps, 8, 16, seed)
-    model = _model(device, seed)
-    shard_model(model, model.blocks)
-    _train(model, batches, device, lr)
-    return {"max_param_diff": _max_param_diff(model, _reference(batches, device, seed, lr))}
+    reference = _reference(batches, device, seed, lr)
+    result = {}
+    for key, param_dtype in (("max_param_diff", None), ("max_param_diff_bf16", torch.bfloat16)):
+        model = _model(device, seed)
+        shard_model(model, model.blocks, param_dtype=param_dtype)
+        _train(model, batches, device, lr)
+        result[key] = _max_param_diff(model, reference)
+    return result
 
 
 def accumulation_check(accumulation_steps: int = 4, steps: int = 2, seed: int = 0,
@@ -239,33 +249,36 @@ def compression_check(hooks: Sequence[str] = MEASURED_HOOKS, iterations: int = 8
 
 
 def rank_consistent_skip_check(steps: int = 3, bad_rank: int = 1, bad_step: int = 1,
-                               agree: bool = True, seed: int = 0) -> dict[str, Any]:
+                               seed: int = 0) -> dict[str, Any]:
     """Rank ``bad_rank`` sees a NaN loss at ``bad_step``; each rank decides whether to skip it.
 
-    With ``agree=True`` the decision is :func:`any_rank` of the local flags; with ``False``
-    each rank trusts its own loss. Returns the local flags, the decisions, and the parameters
-    as one flat tensor (to compare ranks).
+    Runs twice: ``"agreed"``, where the decision is :func:`any_rank` of the local flags, and
+    ``"local"``, where each rank trusts its own loss. Each run returns the local flags, the
+    decisions, and the parameters as one flat tensor (to compare ranks).
     """
     device = rank_device()
     batches = _batches(steps, 8, 16, seed)
-    model = wrap_ddp(_model(device, seed))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    local_flags, decisions = [], []
-    for step, batch in enumerate(batches):
-        x, y = _local(batch, device)
-        loss = model(x, targets=y)
-        if dist.get_rank() == bad_rank and step == bad_step:
-            loss = loss * float("nan")
-        loss.backward()  # every rank runs backward, so the collectives stay matched
-        local = ~torch.isfinite(loss)
-        skip = any_rank(local) if agree else local
-        local_flags.append(bool(local.item()))
-        decisions.append(bool(skip.item()))
-        if not decisions[-1]:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    params = torch.cat([p.detach().reshape(-1) for p in model.module.parameters()]).cpu()
-    return {"local_flags": local_flags, "decisions": decisions, "params": params}
+    result = {}
+    for mode in ("agreed", "local"):
+        model = wrap_ddp(_model(device, seed))
+        optimizer = _optimizer(model, lr=0.1)
+        local_flags, decisions = [], []
+        for step, batch in enumerate(batches):
+            x, y = _local(batch, device)
+            loss = model(x, targets=y)
+            if dist.get_rank() == bad_rank and step == bad_step:
+                loss = loss * float("nan")
+            loss.backward()  # every rank runs backward, so the collectives stay matched
+            local = ~torch.isfinite(loss)
+            skip = any_rank(local) if mode == "agreed" else local
+            local_flags.append(bool(local.item()))
+            decisions.append(bool(skip.item()))
+            if not decisions[-1]:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        params = torch.cat([p.detach().reshape(-1) for p in model.module.parameters()]).cpu()
+        result[mode] = {"local_flags": local_flags, "decisions": decisions, "params": params}
+    return result
 
 
 def raise_on_rank(bad_rank: int = 1) -> int:
@@ -285,8 +298,7 @@ def all_checks(sharded: bool | None = None) -> dict[str, Any]:
         "accumulation": accumulation_check(),
         "summed_loss": summed_loss_check(),
         "compression": compression_check(),
-        "skip_agreed": rank_consistent_skip_check(agree=True),
-        "skip_local": rank_consistent_skip_check(agree=False),
+        "skip": rank_consistent_skip_check(),
     }
     if sharded:
         results["fsdp"] = fsdp_check()
@@ -331,12 +343,28 @@ def compression_table(path: str | Path) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--out", type=Path, help="measure the lossy hooks and write this JSON file")
+    parser.add_argument("--equivalence", action="store_true",
+                        help="run every equivalence check and print the results (works under torchrun)")
     parser.add_argument("--nprocs", type=int, default=2)
     parser.add_argument("--iterations", type=int, default=8)
     args = parser.parse_args(argv)
-    record = measure_compression(args.nprocs, args.iterations)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    if args.out is None and not args.equivalence:
+        parser.error("give --out FILE, --equivalence, or both")
+    if args.equivalence:
+        if "RANK" in os.environ:  # started by torchrun: this process is one rank
+            dist.init_process_group()
+            results = all_checks()
+            dist.destroy_process_group()
+        else:
+            results = launch(all_checks, args.nprocs)[0]
+        if int(os.environ.get("RANK", "0")) == 0:
+            for name, record in results.items():
+                if "max_param_diff" in record:
+                    print(f"{name}: max parameter difference {record['max_param_diff']:.1e}")
+    if args.out is not None:
+        record = measure_compression(args.nprocs, args.iterations)
+        args.out.write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":
