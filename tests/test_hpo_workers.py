@@ -29,6 +29,7 @@ POSTGRES_URL = os.environ.get("TRAINOPT_POSTGRES_URL", "")
 def _config(tmp_path: Path) -> Path:
     data = yaml.safe_load((ROOT / "docs" / "_data" / "hpo_digits.yaml").read_text())
     data["training"] = {"steps": 40, "report_every": 10}
+    data["study"]["prune_after"] = 10
     data["search_space"]["lr"] = {"type": "float", "low": 1.0e-5, "high": 1.0, "log": True}
     path = tmp_path / "workers.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -40,7 +41,7 @@ def _run_two_workers(tmp_path: Path, storage: str) -> optuna.Study:
     config = load_hpo_config(config_path)
     name = f"workers-{uuid.uuid4().hex[:8]}"
     create_study(name, N_TRIALS, storage, directions=config.directions, sampler=config.sampler,
-                 pruner=config.pruner, seed=config.seed, space=config.space)
+                 pruner=config.make_pruner(), seed=config.seed, space=config.space)
     command = [sys.executable, "-m", "trainopt.hpo", str(config_path), "--storage", storage,
                "--study-name", name, "--no-progress", "--no-plots"]
     workers = [subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -1,11 +1,13 @@
 """Hyperparameter optimization on Optuna, for PyTorch training loops.
 
 - :mod:`~trainopt.hpo.space`: search spaces declared in YAML and validated early
-  (:class:`SearchSpace`), the edge check (:func:`params_at_edge`), learning-rate bounds
-  from an LR range test (:func:`seed_lr_range`).
+  (:class:`~trainopt.hpo.space.SearchSpace`), the edge check
+  (:func:`~trainopt.hpo.space.params_at_edge`), learning-rate bounds from an LR range test
+  (:func:`~trainopt.hpo.space.seed_lr_range`).
 - :mod:`~trainopt.hpo.study`: samplers, pruners, storages, an exact trial budget shared by
-  any number of workers (:func:`create_study`, :func:`run_worker`, :func:`tune`).
-- :mod:`~trainopt.hpo.reporter`: :class:`TrialReporter`, the training loop's side.
+  any number of workers (:func:`~trainopt.hpo.study.create_study`,
+  :func:`~trainopt.hpo.study.run_worker`, :func:`~trainopt.hpo.study.tune`).
+- :mod:`~trainopt.hpo.reporter`: :class:`~trainopt.hpo.reporter.TrialReporter`, the training loop's side.
 - :mod:`~trainopt.hpo.digits`: the examples' task (AdamW on the digits MLP).
 - :mod:`~trainopt.hpo.plots`: history, importances, learning curves, Pareto front.
 - ``python -m trainopt.hpo CONFIG --n-trials N``: the command line (:mod:`~trainopt.hpo.cli`).

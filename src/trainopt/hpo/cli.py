@@ -34,7 +34,7 @@ from trainopt.hpo.study import (
 )
 
 SECTIONS = {"study", "training", "fixed", "search_space"}
-STUDY_KEYS = {"name", "objectives", "sampler", "pruner", "seed"}
+STUDY_KEYS = {"name", "objectives", "sampler", "pruner", "prune_after", "seed"}
 TRAINING_KEYS = {"steps", "report_every"}
 FIXED_KEYS = {"lr", "weight_decay", "hidden", "depth", "batch_size"}
 
@@ -46,8 +46,9 @@ class HPOConfig:
     Attributes:
         name: Study name.
         objectives: What to optimize, from ``val_loss``, ``val_accuracy``, ``n_params``.
-        sampler: One of :data:`trainopt.hpo.SAMPLERS`.
-        pruner: One of :data:`trainopt.hpo.PRUNERS`, or ``None``.
+        sampler: One of ``trainopt.hpo.SAMPLERS``.
+        pruner: One of ``trainopt.hpo.PRUNERS``, or ``None``.
+        prune_after: No trial is pruned before this step.
         seed: Seed of the sampler.
         steps: Training steps per trial.
         report_every: Steps between reports of the validation loss.
@@ -60,6 +61,7 @@ class HPOConfig:
     objectives: tuple[str, ...] = ("val_loss",)
     sampler: str = "tpe"
     pruner: str | None = "median"
+    prune_after: int = 0
     seed: int | None = 0
     steps: int = 150
     report_every: int = 25
@@ -68,6 +70,10 @@ class HPOConfig:
     @property
     def directions(self) -> list[str]:
         return [OBJECTIVES[o] for o in self.objectives]
+
+    def make_pruner(self) -> optuna.pruners.BasePruner:
+        """The pruner this config describes."""
+        return make_pruner(self.pruner, n_warmup_steps=self.prune_after)
 
     def objective(self, device: str | torch.device = "cpu") -> Any:
         """The objective ``(trial, params) -> value(s)`` this config describes."""
@@ -130,6 +136,9 @@ def load_hpo_config(path: str | Path) -> HPOConfig:
     pruner = study.get("pruner", "median")
     if pruner not in (*PRUNERS, None):
         raise _config_error("study.pruner", f"must be one of {list(PRUNERS)} or null, got {pruner!r}")
+    prune_after = study.get("prune_after", 0)
+    if isinstance(prune_after, bool) or not isinstance(prune_after, int) or prune_after < 0:
+        raise _config_error("study.prune_after", f"must be a non-negative int, got {prune_after!r}")
     seed = study.get("seed", 0)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise _config_error("study.seed", f"must be an int or null, got {seed!r}")
@@ -137,7 +146,8 @@ def load_hpo_config(path: str | Path) -> HPOConfig:
     if overlap:
         raise _config_error(f"fixed.{overlap[0]}", "is also in search_space: a hyperparameter is either fixed or tuned")
     return HPOConfig(
-        name=name, space=space, objectives=tuple(objectives), sampler=sampler, pruner=pruner, seed=seed,
+        name=name, space=space, objectives=tuple(objectives), sampler=sampler, pruner=pruner,
+        prune_after=prune_after, seed=seed,
         steps=_positive_int(training.get("steps", 150), "training.steps"),
         report_every=_positive_int(training.get("report_every", 25), "training.report_every"),
         fixed=fixed,
@@ -171,12 +181,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.n_trials is not None:
         study = create_study(name, args.n_trials, storage, directions=config.directions,
-                             sampler=config.sampler, pruner=config.pruner, seed=config.seed, space=config.space)
+                             sampler=config.sampler, pruner=config.make_pruner(), seed=config.seed,
+                             space=config.space)
     else:
         try:
             study = optuna.load_study(study_name=name, storage=open_storage(storage),
                                       sampler=make_sampler(config.sampler, config.seed, config.space),
-                                      pruner=make_pruner(config.pruner))
+                                      pruner=config.make_pruner())
         except KeyError:
             print(f"no study {name!r} in {storage}: create it with --n-trials N", file=sys.stderr)
             return 2

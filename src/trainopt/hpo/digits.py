@@ -60,11 +60,11 @@ def train_digits(lr: float = 1e-3, weight_decay: float = 1e-2, steps: int = 150,
 def digits_objective(trial: optuna.Trial, params: dict[str, Any], steps: int = 150,
                      report_every: int = 25, objectives: Sequence[str] = ("val_loss",),
                      device: str | torch.device = "cpu") -> float | list[float]:
-    """Objective for :func:`trainopt.hpo.tune`: train with the trial's ``params``, return the objectives.
+    """Objective for :func:`trainopt.hpo.study.tune`: train with the trial's ``params``, return the objectives.
 
     ``params`` may set ``lr``, ``weight_decay``, ``hidden``, ``depth`` and ``batch_size``;
     the rest keep :func:`train_digits`' defaults. ``objectives`` picks from ``"val_loss"``,
-    ``"val_accuracy"`` and ``"n_params"`` (directions in :data:`OBJECTIVES`); with more than
+    ``"val_accuracy"`` and ``"n_params"`` (directions in ``OBJECTIVES``); with more than
     one, the trial is not pruned (Optuna can't prune a multi-objective study).
     """
     unknown = sorted(set(params) - {"lr", "weight_decay", "hidden", "depth", "batch_size"})

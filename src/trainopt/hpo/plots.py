@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -82,7 +83,7 @@ def save_plots(study: optuna.Study, out_dir: str | Path) -> list[Path]:
     return written
 
 
-def demo_study(objectives: tuple[str, ...] = ("val_loss",), n_trials: int = 16, steps: int = 100,
+def demo_study(objectives: tuple[str, ...] = ("val_loss",), n_trials: int = 12, steps: int = 100,
                seed: int = 0) -> optuna.Study:
     """A small real study of the digits MLP, run once per set of arguments (build-time plots).
 
@@ -91,11 +92,9 @@ def demo_study(objectives: tuple[str, ...] = ("val_loss",), n_trials: int = 16, 
     """
     key = (objectives, n_trials, steps, seed)
     if key not in _DEMO_STUDIES:
-        from functools import partial
-
         from trainopt.hpo.digits import OBJECTIVES, digits_objective
         from trainopt.hpo.space import SearchSpace
-        from trainopt.hpo.study import tune
+        from trainopt.hpo.study import make_pruner, tune
 
         specs: dict[str, Any] = {
             "lr": {"type": "float", "low": 1e-4, "high": 3e-1, "log": True},
@@ -105,11 +104,17 @@ def demo_study(objectives: tuple[str, ...] = ("val_loss",), n_trials: int = 16, 
             specs = {"lr": specs["lr"], "hidden": {"type": "int", "low": 8, "high": 256, "log": True}}
         objective = partial(digits_objective, steps=steps, report_every=max(steps // 5, 1),
                             objectives=objectives)
-        _DEMO_STUDIES[key] = tune(
-            objective, SearchSpace.from_dict(specs), n_trials, study_name="demo-" + "-".join(objectives),
-            storage=":memory:", directions=[OBJECTIVES[o] for o in objectives], sampler="tpe",
-            pruner="median" if len(objectives) == 1 else None, seed=seed,
-        )
+        verbosity = optuna.logging.get_verbosity()
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # no per-trial log lines in the build
+        try:
+            _DEMO_STUDIES[key] = tune(
+                objective, SearchSpace.from_dict(specs), n_trials, study_name="demo-" + "-".join(objectives),
+                storage=":memory:", directions=[OBJECTIVES[o] for o in objectives], sampler="tpe",
+                pruner=make_pruner("median" if len(objectives) == 1 else None, n_warmup_steps=steps * 2 // 5),
+                seed=seed,
+            )
+        finally:
+            optuna.logging.set_verbosity(verbosity)
     return _DEMO_STUDIES[key]
 
 

@@ -17,7 +17,7 @@ class TrialReporter:
     The training loop asks :meth:`due` after each step (a cheap integer test: no host-device
     sync) and only then evaluates and calls :meth:`report`. :meth:`report` raises
     :class:`optuna.TrialPruned` when the study's pruner says stop, and :class:`TrialDiverged`
-    when the metric is not finite; :func:`trainopt.hpo.run_worker` records either as the
+    when the metric is not finite; :func:`trainopt.hpo.study.run_worker` records either as the
     trial's state with the message as its ``reason`` user attribute.
 
     Args:

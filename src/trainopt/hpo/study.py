@@ -73,22 +73,30 @@ def _importable(module: str) -> bool:
     return True
 
 
-def make_pruner(name: str | None, n_startup_trials: int = 4, n_warmup_steps: int = 0,
-                max_resource: int | str = "auto") -> optuna.pruners.BasePruner:
+def make_pruner(name: str | None, n_startup_trials: int = 4, n_warmup_steps: int = 0) -> optuna.pruners.BasePruner:
     """The pruner called ``name``: ``"median"``, ``"successive-halving"``, ``"hyperband"`` or none.
+
+    Args:
+        name: Pruner name, or ``None``/``"none"`` for no pruning.
+        n_startup_trials: Trials the median pruner lets finish before it prunes any.
+        n_warmup_steps: No trial is pruned before this step: a slow starter (a small learning
+            rate, a long warm-up) gets a fair chance. For successive halving and Hyperband it
+            is the first rung's budget (``min_resource``).
 
     Example:
         >>> type(make_pruner("hyperband")).__name__, type(make_pruner(None)).__name__
         ('HyperbandPruner', 'NopPruner')
     """
+    if isinstance(n_warmup_steps, bool) or not isinstance(n_warmup_steps, int) or n_warmup_steps < 0:
+        raise _config_error("study.prune_after", f"must be a non-negative int, got {n_warmup_steps!r}")
     if name in (None, "none"):
         return optuna.pruners.NopPruner()
     if name == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=n_startup_trials, n_warmup_steps=n_warmup_steps)
     if name == "successive-halving":
-        return optuna.pruners.SuccessiveHalvingPruner()
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=n_warmup_steps or "auto")
     if name == "hyperband":
-        return optuna.pruners.HyperbandPruner(max_resource=max_resource)
+        return optuna.pruners.HyperbandPruner(min_resource=n_warmup_steps or 1)
     raise _config_error("study.pruner", f"must be one of {list(PRUNERS)} or null, got {name!r}")
 
 
