@@ -192,11 +192,13 @@ def validate_config(data: Any) -> Config:
         ...     "scheduler": {"type": "step_decay", "decay_steps": 100}}})
         >>> cfg.optimizer.lr, cfg.scheduler.params
         (0.001, {'decay_steps': 100})
-        >>> validate_config({"training": {"optimizer": {"type": "adamw", "lr": 1e-3},
-        ...                               "scheduler": {"type": "step_decay", "decay_steps": -5}}})
-        Traceback (most recent call last):
-        ...
-        trainopt.config.ConfigError: training.scheduler.decay_steps: must be an integer >= 0, got -5
+        >>> try:
+        ...     validate_config({"training": {
+        ...         "optimizer": {"type": "adamw", "lr": 1e-3},
+        ...         "scheduler": {"type": "step_decay", "decay_steps": -5}}})
+        ... except ConfigError as error:
+        ...     print(error)
+        training.scheduler.decay_steps: must be an integer >= 0, got -5
     """
     root = _section(data, "", ("training",), ("training",))
     training = _section(root["training"], "training", ("optimizer", "scheduler"), ("optimizer", "scheduler"))
