@@ -126,3 +126,57 @@ def test_committed_gpu_results_if_present_come_from_cuda():
     data = json.loads(path.read_text())
     assert data["environment"]["device_type"] == "cuda" and data["environment"]["cuda"]
     assert all(r["peak_memory_bytes"] for r in data["precision"] if r["supported"])
+
+
+def test_a_failing_configuration_is_recorded_and_the_rest_still_run(monkeypatch):
+    from trainopt.perf import experiments
+
+    real = experiments.measure
+
+    def flaky(**kwargs):
+        if kwargs.get("policy") == "every 2nd block":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(**kwargs)
+
+    monkeypatch.setattr(experiments, "measure", flaky)
+    results = run("tiny", device="cpu", batch_size=1, seq_len=8, steps=1, warmup=1)
+    rows = {r["policy"]: r for r in results["checkpointing"]["rows"]}
+    assert rows["every 2nd block"]["error"].startswith("OutOfMemoryError: CUDA out of memory")
+    assert "error" not in rows["every block"] and "error" not in rows["selective"]
+    assert "| every 2nd block | failed: OutOfMemoryError" in report.render_checkpointing_table_from(results)
+
+
+PAGES = ["mixed-precision", "memory-optimization", "profiling", "monitoring"]
+
+
+def _console_commands() -> list[tuple[str, str]]:
+    commands = []
+    for page in PAGES:
+        in_console = False
+        for line in (ROOT / "docs" / "advanced" / "performance" / f"{page}.md").read_text().splitlines():
+            if line.startswith("```"):
+                in_console = line.strip() == "```console"
+                continue
+            if in_console and line.startswith("$ "):
+                commands.append((page, line[2:]))
+    return commands
+
+
+def test_pages_show_console_commands():
+    assert {page for page, _ in _console_commands()} >= {"mixed-precision", "memory-optimization"}
+
+
+@pytest.mark.parametrize("page, command", _console_commands())
+def test_every_console_command_on_the_pages_parses(page, command):
+    import shlex
+
+    from trainopt.perf.experiments import build_parser
+    from trainopt.perf.memory import allocator_settings
+
+    words = shlex.split(command)
+    while "=" in words[0]:
+        name, _, value = words.pop(0).partition("=")
+        assert name == "PYTORCH_CUDA_ALLOC_CONF" and allocator_settings(value)
+    assert words[:3] == ["python", "-m", "trainopt.perf.experiments"], command
+    args = build_parser().parse_args(words[3:])
+    assert args.out.suffix == ".json" and args.size in ("124m", "350m")

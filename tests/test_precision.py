@@ -15,8 +15,10 @@ from trainopt.perf.precision import (
     Precision,
     PrecisionNotSupportedError,
     check_supported,
+    make_scaler,
     supported_precisions,
 )
+from trainopt.scaling import DynamicLossScaler
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -128,10 +130,30 @@ def test_module_never_uses_deprecated_cuda_amp_spellings():
     assert "torch.cuda.amp" not in source
 
 
+def test_unknown_scaler_is_rejected():
+    with pytest.raises(ValueError, match=r"scaler must be one of \['trainopt', 'torch'\], got 'apex'"):
+        Precision.from_name("bf16", "cpu", scaler="apex")
+
+
+@pytest.mark.parametrize("kind", ["trainopt", "torch"])
+def test_both_scalers_scale_skip_and_back_off_alike(kind):
+    scaler = make_scaler(kind, "cpu", init_scale=1024.0)
+    model = torch.nn.Linear(4, 1)
+    before = model.weight.detach().clone()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    precision = Precision("fp16", "cpu", None, MatmulSettings("highest", False), scaler)
+    loss = model(torch.full((2, 4), float("inf"))).sum()
+    precision.backward(loss)
+    precision.step(opt)
+    torch.testing.assert_close(model.weight, before)  # the overflowing step was skipped
+    assert precision.scaler.get_scale() == 512.0  # and the scale halved
+
+
 @needs_cuda
-def test_fp16_on_cuda_has_grad_scaler_and_skips_inf_steps():
-    precision = Precision.from_name("fp16", "cuda", init_scale=1024.0)
-    assert isinstance(precision.scaler, torch.amp.GradScaler)
+@pytest.mark.parametrize("kind, cls", [("trainopt", DynamicLossScaler), ("torch", torch.amp.GradScaler)])
+def test_fp16_on_cuda_has_the_chosen_scaler_and_skips_inf_steps(kind, cls):
+    precision = Precision.from_name("fp16", "cuda", init_scale=1024.0, scaler=kind)
+    assert isinstance(precision.scaler, cls)
     model = torch.nn.Linear(4, 1).cuda()
     before = model.weight.detach().clone()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

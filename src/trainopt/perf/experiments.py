@@ -90,7 +90,7 @@ def _free(device: torch.device) -> None:
 def measure(size: str, precision_name: str, device: torch.device, batch_size: int, seq_len: int,
             steps: int, warmup: int, policy: str = "none") -> dict[str, Any]:
     """Train ``warmup + steps`` steps of one configuration; return its timings and memory."""
-    precision = Precision.from_name(precision_name, device)
+    precision = Precision.from_name(precision_name, device, scaler="torch")
     model, optimizer = _setup(size, device)
     options = CHECKPOINT_POLICIES[policy]
     layers = apply_activation_checkpointing(model, Block, **options) if options else []
@@ -201,6 +201,7 @@ def run(size: str = "124m", device: str | None = None, batch_size: int | None = 
                   "batch_size": batch_size, "seq_len": seq_len, "tokens_per_step": batch_size * seq_len,
                   "flops_per_token": model.flops_per_token(seq_len)},
         "settings": {"steps": steps, "warmup": warmup, "optimizer": "AdamW" + (" (fused)" if dev.type == "cuda" else ""),
+                     "fp16_scaler": "torch.amp.GradScaler",
                      "statistic": "median over the timed steps"},
         "precision": [],
     }
@@ -211,20 +212,39 @@ def run(size: str = "124m", device: str | None = None, batch_size: int | None = 
         except PrecisionNotSupportedError as exc:
             results["precision"].append({"precision": name, "supported": False, "reason": str(exc)})
             continue
-        results["precision"].append({"supported": True} | measure(precision_name=name, steps=steps, warmup=warmup, **common))
-    low = "bf16" if any(r["precision"] == "bf16" and r["supported"] for r in results["precision"]) else "fp32"
+        row = _attempt(measure, {"precision": name, "policy": "none"},
+                       precision_name=name, steps=steps, warmup=warmup, **common)
+        results["precision"].append({"supported": True} | row)
+    ok = {r["precision"] for r in results["precision"] if r["supported"] and "error" not in r}
+    low = "bf16" if "bf16" in ok else "fp32"
     baseline = next(r for r in results["precision"] if r["precision"] == low)
-    rows = [baseline | {}] + [measure(precision_name=low, steps=steps, warmup=warmup, policy=p, **common)
+    rows = [baseline | {}] + [_attempt(measure, {"precision": low, "policy": p}, precision_name=low,
+                                       steps=steps, warmup=warmup, policy=p, **common)
                               for p in CHECKPOINT_POLICIES if p != "none"]
     results["checkpointing"] = {"precision": low, "rows": [_relative(r, rows[0]) for r in rows]}
-    results["phases"] = {"precision": low, "rows": phase_memory(precision_name=low, **common)}
-    results["top_operators"] = {"precision": low, "rows": top_operators(precision_name=low, **common)}
+    results["phases"] = {"precision": low, "rows": _attempt(phase_memory, [], precision_name=low, **common)}
+    results["top_operators"] = {"precision": low, "rows": _attempt(top_operators, [], precision_name=low, **common)}
     if snapshot is not None:
         results["snapshot"] = str(write_snapshot(snapshot, precision_name=low, **common))
     return results
 
 
+def _attempt(fn: Any, fallback: Any, **kwargs: Any) -> Any:
+    """``fn(**kwargs)``; on an error (out of memory, say) record it instead of losing the run."""
+    try:
+        return fn(**kwargs)
+    except Exception as exc:  # noqa: BLE001 - one failed configuration must not lose the others
+        _free(kwargs["device"])
+        print(f"{fn.__name__} {kwargs.get('precision_name')} {kwargs.get('policy', '')} failed: {exc!r}",
+              file=sys.stderr)
+        if isinstance(fallback, dict):
+            return fallback | {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        return fallback
+
+
 def _relative(row: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    if "error" in row or "error" in base:
+        return {"policy": row["policy"], "error": row.get("error") or base["error"]}
     out = {k: row[k] for k in ("policy", "checkpointed_layers", "step_time_median_ms",
                                "peak_memory_bytes", "estimate_bytes")}
     out["time_change"] = row["step_time_median_ms"] / base["step_time_median_ms"] - 1
@@ -248,8 +268,8 @@ def write_snapshot(path: str | Path, size: str, precision_name: str, device: tor
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Command line: measure and write the JSON results file."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m trainopt.perf.experiments``."""
     parser = argparse.ArgumentParser(prog="python -m trainopt.perf.experiments", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="JSON file to write")
     parser.add_argument("--size", default="124m", choices=["tiny", "small", "124m", "350m"])
@@ -259,6 +279,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--snapshot", type=Path, default=None, help="also write a CUDA memory snapshot")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Command line: measure and write the JSON results file."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
         parser.error(f"--steps and --warmup must be >= 1, got steps={args.steps}, warmup={args.warmup}")

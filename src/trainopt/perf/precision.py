@@ -5,8 +5,9 @@
 - an autocast context (``torch.autocast`` for ``bf16`` and ``fp16``, disabled otherwise),
 - the float32 matmul setting (``"highest"`` keeps true fp32; ``"high"`` lets CUDA use TF32),
   applied and restored by :meth:`Precision.matmul_settings`,
-- a loss scaler (``torch.amp.GradScaler``) only for ``fp16``, whose five exponent bits
-  underflow small gradients; ``bf16`` has fp32's exponent range and needs none.
+- a loss scaler only for ``fp16``, whose five exponent bits underflow small gradients
+  (:class:`trainopt.scaling.DynamicLossScaler` by default, ``torch.amp.GradScaler`` with
+  ``scaler="torch"``: the same interface); ``bf16`` has fp32's exponent range and needs none.
 
 It checks the hardware first and says what is allowed when the choice can't run:
 ``bf16`` runs on a CPU and on CUDA GPUs where ``torch.cuda.is_bf16_supported()``; ``fp16``
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
+SCALERS: tuple[str, ...] = ("trainopt", "torch")
 
 _AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
     "fp32": None,
@@ -125,6 +127,25 @@ def _unsupported_reason(name: str, device: torch.device) -> str | None:
     return None
 
 
+def make_scaler(kind: str, device_type: str, init_scale: float = 2.0**16) -> Any:
+    """A dynamic loss scaler: ``"trainopt"`` (:class:`~trainopt.scaling.DynamicLossScaler`)
+    or ``"torch"`` (``torch.amp.GradScaler``); both have GradScaler's interface.
+
+    Example:
+        >>> make_scaler("torch", "cpu", init_scale=8.0).get_scale()
+        8.0
+        >>> type(make_scaler("trainopt", "cpu")).__name__
+        'DynamicLossScaler'
+    """
+    if kind not in SCALERS:
+        raise ValueError(f"scaler must be one of {list(SCALERS)}, got {kind!r}")
+    if kind == "torch":
+        return torch.amp.GradScaler(device_type, init_scale=init_scale)
+    from trainopt.scaling import DynamicLossScaler
+
+    return DynamicLossScaler(init_scale=init_scale)
+
+
 def _autocast_available(device_type: str) -> bool:
     is_available = getattr(torch.amp, "is_autocast_available", None)
     return device_type == "cpu" if is_available is None else bool(is_available(device_type))
@@ -153,7 +174,7 @@ class Precision:
         device_type: ``"cuda"``, ``"cpu"``, … (what ``torch.autocast`` takes).
         autocast_dtype: ``torch.bfloat16`` / ``torch.float16``, or ``None`` (no autocast).
         matmul: The float32 matmul settings this precision wants.
-        scaler: ``torch.amp.GradScaler`` for ``fp16``, else ``None``.
+        scaler: A dynamic loss scaler for ``fp16`` (see :func:`make_scaler`), else ``None``.
     """
 
     name: str
@@ -164,7 +185,8 @@ class Precision:
 
     @classmethod
     def from_name(
-        cls, name: str, device: str | torch.device = "cpu", *, init_scale: float = 2.0**16
+        cls, name: str, device: str | torch.device = "cpu", *, init_scale: float = 2.0**16,
+        scaler: str = "trainopt",
     ) -> Precision:
         """Set up precision ``name`` for ``device`` after checking the hardware supports it.
 
@@ -172,10 +194,12 @@ class Precision:
             name: ``"fp32"`` (true fp32, TF32 off), ``"tf32"`` (fp32 storage, TF32 matmuls),
                 ``"bf16"`` or ``"fp16"`` (autocast; weights and optimizer stay fp32).
             device: The device the model trains on.
-            init_scale: First loss scale of the fp16 ``GradScaler``.
+            init_scale: First loss scale of the fp16 scaler.
+            scaler: ``"trainopt"`` (:class:`~trainopt.scaling.DynamicLossScaler`) or
+                ``"torch"`` (``torch.amp.GradScaler``); used for fp16 only.
 
         Raises:
-            ValueError: unknown ``name`` or a non-positive ``init_scale``.
+            ValueError: unknown ``name`` or ``scaler``, or a non-positive ``init_scale``.
             PrecisionNotSupportedError: the device can't run ``name``.
 
         Example:
@@ -187,11 +211,13 @@ class Precision:
         """
         if not init_scale > 0:
             raise ValueError(f"init_scale must be positive, got {init_scale=}")
+        if scaler not in SCALERS:
+            raise ValueError(f"scaler must be one of {list(SCALERS)}, got {scaler!r}")
         check_supported(name, device)
         device_type = torch.device(device).type
         matmul = MatmulSettings("high" if name == "tf32" else "highest", name == "tf32")
-        scaler = torch.amp.GradScaler(device_type, init_scale=init_scale) if name == "fp16" else None
-        return cls(name, device_type, _AUTOCAST_DTYPES[name], matmul, scaler)
+        loss_scaler = make_scaler(scaler, device_type, init_scale) if name == "fp16" else None
+        return cls(name, device_type, _AUTOCAST_DTYPES[name], matmul, loss_scaler)
 
     def autocast(self) -> torch.autocast:
         """A ``torch.autocast`` context for the forward pass; disabled for fp32 and tf32."""

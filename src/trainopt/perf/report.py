@@ -68,12 +68,15 @@ def render_precision_table(path: str | Path) -> str:
     if data is None:
         return _missing(path)
     rows = data["precision"]
-    fp32 = next((r for r in rows if r["precision"] == "fp32" and r["supported"]), None)
+    fp32 = next((r for r in rows if r["precision"] == "fp32" and r["supported"] and "error" not in r), None)
     lines = ["| precision | step time (ms) | p10–p90 (ms) | tokens/s | speed-up vs fp32 | MFU | peak memory (GiB) |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         if not r["supported"]:
             lines.append(f"| {r['precision']} | not supported here | | | | | |")
+            continue
+        if "error" in r:
+            lines.append(f"| {r['precision']} | failed: {r['error']} | | | | | |")
             continue
         speedup = f"{fp32['step_time_median_ms'] / r['step_time_median_ms']:.2f}×" if fp32 else "—"
         mfu = "—" if r["mfu"] is None else f"{r['mfu']:.1%}"
@@ -87,14 +90,20 @@ def render_precision_table(path: str | Path) -> str:
 def render_checkpointing_table(path: str | Path) -> str:
     """Peak memory and step time per checkpointing policy, relative to none."""
     data = _load(path)
-    if data is None:
-        return _missing(path)
+    return _missing(path) if data is None else render_checkpointing_table_from(data)
+
+
+def render_checkpointing_table_from(data: dict[str, Any]) -> str:
+    """:func:`render_checkpointing_table` from the loaded results."""
     section = data["checkpointing"]
     lines = [f"Precision: {section['precision']}. Goal: at least 30% lower peak memory for at most 20% more step time.",
              "",
              "| policy | blocks checkpointed | step time (ms) | time | peak memory (GiB) | memory | meets goal |",
              "| --- | ---: | ---: | ---: | ---: | ---: | :---: |"]
     for r in section["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['policy']} | failed: {r['error']} | | | | | |")
+            continue
         goal = {True: "yes", False: "no", None: "—"}[r["meets_goal"]]
         lines.append(
             f"| {r['policy']} | {r['checkpointed_layers']} | {r['step_time_median_ms']:.1f} | "
@@ -105,7 +114,8 @@ def render_checkpointing_table(path: str | Path) -> str:
 def estimate_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     """``(configuration, estimate, measured, error)`` for every row with both numbers."""
     rows = []
-    candidates = [(f"{r['precision']}, no checkpointing", r) for r in data["precision"] if r["supported"]]
+    candidates = [(f"{r['precision']}, no checkpointing", r) for r in data["precision"]
+                  if r["supported"] and "error" not in r]
     candidates += [(f"{data['checkpointing']['precision']}, {r['policy']}", r)
                    for r in data["checkpointing"]["rows"] if r["policy"] != "none"]
     for label, r in candidates:
@@ -180,7 +190,7 @@ def render_throughput_table(path: str | Path) -> str:
     lines = [f"FLOPs per token (6·N + 12·L·d·T): {data['model']['flops_per_token'] / 1e9:.3f} GFLOP.", "",
              "| precision | tokens/s | samples/s | device peak (TFLOP/s) | MFU |", "| --- | ---: | ---: | ---: | ---: |"]
     for r in data["precision"]:
-        if not r["supported"]:
+        if not r["supported"] or "error" in r:
             continue
         peak = "—" if r["peak_flops"] is None else f"{r['peak_flops'] / 1e12:.1f}"
         mfu = "—" if r["mfu"] is None else f"{r['mfu']:.1%}"
