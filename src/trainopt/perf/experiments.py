@@ -75,7 +75,8 @@ def train_step(model: GPT, optimizer: torch.optim.Optimizer, precision: Precisio
 
 def _setup(size: str, device: torch.device, seed: int = 0) -> tuple[GPT, torch.optim.Optimizer]:
     torch.manual_seed(seed)
-    model = GPT(gpt_config(size)).to(device)
+    with device:  # initialise on the device: fast for the large presets
+        model = GPT(gpt_config(size))
     fused = {"fused": True} if device.type == "cuda" else {}
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4, **fused)
 
