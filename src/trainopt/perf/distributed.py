@@ -238,7 +238,7 @@ def register_comm_hook(model: DistributedDataParallel, name: str = "allreduce", 
     """Register one of torch's DDP communication hooks by name, optionally counting calls.
 
     Args:
-        model: A :class:`~torch.nn.parallel.DistributedDataParallel` model (one hook each).
+        model: A ``DistributedDataParallel`` model (it takes one hook).
         name: ``"allreduce"`` (exact), ``"fp16"`` or ``"bf16"`` (cast each bucket before the
             all-reduce: half the bytes, rounding error), ``"powersgd"`` (rank-``powersgd_rank``
             low-rank approximation of each gradient matrix, with error feedback).
@@ -247,8 +247,8 @@ def register_comm_hook(model: DistributedDataParallel, name: str = "allreduce", 
         start_powersgd_iter: Steps of exact all-reduce before PowerSGD starts (at least 2).
 
     Returns:
-        The hook's state: a ``PowerSGDState`` for ``"powersgd"`` (save it with the
-        checkpoint: it holds the error-feedback memory), else ``None``.
+        The ``PowerSGDState`` for ``"powersgd"``, else ``None``. Save the PowerSGD state with
+        the checkpoint, since it holds the error-feedback memory.
 
     Raises:
         ValueError: unknown ``name``; ``"bf16"`` on a backend other than NCCL/XCCL (DDP
@@ -285,8 +285,8 @@ def register_comm_hook(model: DistributedDataParallel, name: str = "allreduce", 
 # ---------------------------------------------------------------------------------------------
 
 
-def load_fsdp2() -> SimpleNamespace:
-    """FSDP2's API: ``fully_shard``, ``MixedPrecisionPolicy`` and ``FSDPModule``.
+def load_fsdp2() -> Any:
+    """FSDP2's API as a namespace with ``fully_shard``, ``MixedPrecisionPolicy`` and ``FSDPModule``.
 
     ``torch.distributed.fsdp`` exports them from torch 2.6; torch 2.4 and 2.5 have them in
     ``torch.distributed._composable.fsdp``.

@@ -1,14 +1,17 @@
-"""Checks that distributed training computes what one process computes, run under :func:`launch`.
+"""Checks that distributed training computes what one process computes.
 
 Each ``*_check`` function runs on every rank of a process group (start it with
-``launch(fn, 2)``), trains the tiny reference GPT on its share of a batch, trains the same model
-in one process on the whole batch as a reference, and returns numbers to compare: the largest
-parameter difference, all-reduce counts, gradient errors. The functions live here, in an
-importable module, because spawned processes import what they run.
+``launch(fn, 2)``, :func:`~trainopt.perf.distributed.launch`, or under ``torchrun``), trains the
+tiny reference GPT on its share of a batch, trains the same model in one process on the whole
+batch as a reference, and returns numbers to compare: the largest parameter difference,
+all-reduce counts, gradient errors. The functions live here, in an importable module, because
+spawned processes import what they run.
 
-Run as a script, it measures the gradient error of the lossy DDP hooks and writes JSON::
+Run as a script, it measures the gradient error of the lossy DDP hooks and writes JSON, or runs
+every equivalence check (``--equivalence``, also under ``torchrun``)::
 
     python -m trainopt.perf.distributed_checks --out docs/_data/distributed_compression.json
+    torchrun --standalone --nproc-per-node 2 -m trainopt.perf.distributed_checks --equivalence
 """
 
 from __future__ import annotations
@@ -170,7 +173,7 @@ def accumulation_check(accumulation_steps: int = 4, steps: int = 2, seed: int = 
 
 
 def summed_loss_check(seed: int = 0) -> dict[str, Any]:
-    """One backward of a loss summed over the local batch; :func:`check_gradient_scale` judges it.
+    """One backward of a loss summed over the local batch, judged by ``check_gradient_scale``.
 
     Returns ``scale`` (DDP gradient over the single-process gradient of the mean loss),
     ``error`` (the message raised) and ``local_tokens`` (targets per rank).
@@ -252,8 +255,9 @@ def rank_consistent_skip_check(steps: int = 3, bad_rank: int = 1, bad_step: int 
                                seed: int = 0) -> dict[str, Any]:
     """Rank ``bad_rank`` sees a NaN loss at ``bad_step``; each rank decides whether to skip it.
 
-    Runs twice: ``"agreed"``, where the decision is :func:`any_rank` of the local flags, and
-    ``"local"``, where each rank trusts its own loss. Each run returns the local flags, the
+    Runs twice: ``"agreed"``, where the decision is
+    :func:`~trainopt.perf.distributed.any_rank` of the local flags, and ``"local"``, where each
+    rank trusts its own loss. Each run returns the local flags, the
     decisions, and the parameters as one flat tensor (to compare ranks).
     """
     device = rank_device()
