@@ -75,6 +75,12 @@ def suite(preset: str, device: str, size: str | None = None,
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m trainopt.bench``.
+
+    Example:
+        >>> build_parser().parse_args(["matrix", "--precision", "fp32", "bf16"]).precision
+        ['fp32', 'bf16']
+    """
     parser = argparse.ArgumentParser(prog="python -m trainopt.bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -154,7 +160,13 @@ def _recipe(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_stability(size: str, device: str, windows: int, steps: int, warmup_steps: int) -> dict[str, Any]:
-    """The stability benchmark (:func:`trainopt.perf.stability_bench.run`) with the goal beside it."""
+    """The stability benchmark (:func:`trainopt.perf.stability_bench.run`) with the goal beside it.
+
+    Example:
+        >>> result = run_stability("tiny", "cpu", windows=2, steps=1, warmup_steps=1)
+        >>> result["status"], sorted(result["ratios"]), result["goal_ratio"]
+        ('ok', ['seed_style/bare', 'stabilizer/bare'], 1.02)
+    """
     from trainopt.perf import stability_bench
 
     result = stability_bench.run(size=size, device=device, windows=windows, steps_per_window=steps,
@@ -186,7 +198,17 @@ def _all(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the process exit code."""
+    """Entry point; returns the process exit code.
+
+    Example:
+        >>> import contextlib, io
+        >>> with contextlib.redirect_stdout(io.StringIO()) as printed:
+        ...     code = main(["recipe", "--size", "tiny", "--batch-size", "2", "--seq-len", "8",
+        ...                  "--compile-backend", "eager", "--warmup", "1", "--steps", "1",
+        ...                  "--windows", "1", "--no-progress"])
+        >>> code, "Speed-up" in printed.getvalue()
+        (0, True)
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["stability"]:
         from trainopt.perf import stability_bench

@@ -174,7 +174,13 @@ def build_matrix(base: BenchConfig, axes: dict[str, Sequence[Any]], grid: bool =
 
 
 def build_model(config: BenchConfig, device: str | torch.device) -> nn.Module:
-    """The GPT of ``config.size`` on ``device``, blocks checkpointed if asked, compiled if asked."""
+    """The GPT of ``config.size`` on ``device``, blocks checkpointed if asked, compiled if asked.
+
+    Example:
+        >>> model = build_model(BenchConfig(checkpointing=True), "cpu")
+        >>> type(model).__name__, model.config.n_layer
+        ('GPT', 2)
+    """
     with torch.device(device):
         model = GPT(gpt_config(config.size))
     if config.checkpointing:
@@ -187,13 +193,27 @@ def build_model(config: BenchConfig, device: str | torch.device) -> nn.Module:
 
 
 def build_optimizer(config: BenchConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """AdamW (GPT-style hyperparameters) with the ``foreach`` or ``fused`` implementation."""
+    """AdamW (GPT-style hyperparameters) with the ``foreach`` or ``fused`` implementation.
+
+    Example:
+        >>> config = BenchConfig(optimizer="fused")
+        >>> build_optimizer(config, build_model(config, "cpu")).defaults["fused"]
+        True
+    """
     impl = {"fused": True} if config.optimizer == "fused" else {"foreach": True}
     return torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, **impl)
 
 
 def attention_context(name: str) -> contextlib.AbstractContextManager:
-    """A context that restricts ``scaled_dot_product_attention`` to one backend (``"auto"``: none)."""
+    """A context that restricts ``scaled_dot_product_attention`` to one backend (``"auto"``: none).
+
+    Example:
+        >>> q = k = v = torch.randn(1, 2, 8, 16)
+        >>> with attention_context("math"):
+        ...     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> out.shape
+        torch.Size([1, 2, 8, 16])
+    """
     if name == "auto":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -205,7 +225,17 @@ def attention_context(name: str) -> contextlib.AbstractContextManager:
 
 def make_train_step(model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
                     inputs: torch.Tensor, targets: torch.Tensor) -> Callable[[], None]:
-    """One training step on a fixed batch: forward, backward, optimizer step. No host sync."""
+    """One training step on a fixed batch: forward, backward, optimizer step. No host sync.
+
+    Example:
+        >>> config = BenchConfig(batch_size=2, seq_len=8)
+        >>> model = build_model(config, "cpu")
+        >>> before = model.lm_head.weight.detach().clone()
+        >>> x, y = torch.randint(0, 512, (2, 2, 8))
+        >>> make_train_step(model, build_optimizer(config, model), Precision.from_name("fp32"), x, y)()
+        >>> bool((model.lm_head.weight != before).any()), model.lm_head.weight.grad is None
+        (True, True)
+    """
 
     def step() -> None:
         with precision.autocast():
@@ -437,6 +467,12 @@ def speedup(results: dict[str, Any], baseline: str, candidate: str) -> dict[str,
     Returns:
         ``{"baseline", "candidate", "speedup"}``; ``speedup`` is baseline ÷ candidate median
         step time (``None`` if either did not run).
+
+    Example:
+        >>> results = {"results": [{"name": "plain", "status": "ok", "step_time_s": {"median": 0.5}},
+        ...                        {"name": "recipe", "status": "ok", "step_time_s": {"median": 0.25}}]}
+        >>> speedup(results, "plain", "recipe")["speedup"]
+        2.0
     """
     by_name = {r["name"]: r for r in results["results"]}
     missing = [n for n in (baseline, candidate) if n not in by_name]
@@ -462,6 +498,10 @@ def git_state() -> dict[str, Any]:
     """The commit of the code that ran, and whether tracked files differed from it.
 
     Outside a git checkout (a copied tree), the commit comes from ``TRAINOPT_GIT_COMMIT`` if set.
+
+    Example:
+        >>> sorted(git_state())
+        ['git_commit', 'git_dirty']
     """
     commit = _git("rev-parse", "HEAD")
     if commit is None:
@@ -470,7 +510,13 @@ def git_state() -> dict[str, Any]:
 
 
 def environment(device: str | torch.device, peak_tflops: float | None = None) -> dict[str, Any]:
-    """Hardware, software and MFU reference of a run, for the results file."""
+    """Hardware, software and MFU reference of a run, for the results file.
+
+    Example:
+        >>> meta = environment("cpu")
+        >>> meta["device"], meta["torch"] == torch.__version__, meta["peak_flops"]
+        ('cpu', True, None)
+    """
     device = torch.device(device)
     peak, source = peak_flops_for(device, peak_tflops)
     cuda = device.type == "cuda"
@@ -513,7 +559,15 @@ def _progress(total: int, enabled: bool) -> Iterator[Callable[[str], None]]:
 
 
 def write_results(results: dict[str, Any], out: str | os.PathLike) -> None:
-    """Write ``results`` as JSON atomically (a reader never sees half a file)."""
+    """Write ``results`` as JSON atomically (a reader never sees half a file).
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "results.json"
+        >>> write_results({"meta": {}, "results": []}, path)
+        >>> json.loads(path.read_text())
+        {'meta': {}, 'results': []}
+    """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")

@@ -20,7 +20,12 @@ Results = dict[str, Any]
 
 
 def load_results(source: str | os.PathLike | Results) -> Results | None:
-    """Results from a JSON path (``None`` if the file doesn't exist) or a results dict as is."""
+    """Results from a JSON path (``None`` if the file doesn't exist) or a results dict as is.
+
+    Example:
+        >>> load_results("no/such/file.json") is None, load_results({"results": []})
+        (True, {'results': []})
+    """
     if isinstance(source, dict):
         return source
     path = Path(source)
@@ -30,37 +35,72 @@ def load_results(source: str | os.PathLike | Results) -> Results | None:
 
 
 def fmt_ms(seconds: float) -> str:
-    """Seconds as milliseconds with one decimal: ``0.0362`` → ``'36.2'``."""
+    """Seconds as milliseconds with one decimal.
+
+    Example:
+        >>> fmt_ms(0.0362)
+        '36.2'
+    """
     return f"{seconds * 1e3:.1f}"
 
 
 def fmt_rate(value: float) -> str:
-    """A rate with thousands separators: ``45261.3`` → ``'45,261'``."""
+    """A rate with thousands separators.
+
+    Example:
+        >>> fmt_rate(45261.3)
+        '45,261'
+    """
     return f"{value:,.0f}"
 
 
 def fmt_percent(fraction: float) -> str:
-    """A fraction as a percentage with one decimal: ``0.437`` → ``'43.7%'``."""
+    """A fraction as a percentage with one decimal.
+
+    Example:
+        >>> fmt_percent(0.437)
+        '43.7%'
+    """
     return f"{fraction * 100:.1f}%"
 
 
 def fmt_gb(num_bytes: float) -> str:
-    """Bytes as GB (10⁹) with one decimal."""
+    """Bytes as GB (10⁹) with one decimal.
+
+    Example:
+        >>> fmt_gb(41.26e9)
+        '41.3'
+    """
     return f"{num_bytes / 1e9:.1f}"
 
 
 def fmt_ratio(value: float) -> str:
-    """A ratio with two decimals: ``6.53`` → ``'6.53'``."""
+    """A ratio with two decimals.
+
+    Example:
+        >>> fmt_ratio(6.527)
+        '6.53'
+    """
     return f"{value:.2f}"
 
 
 def fmt_ratio3(value: float) -> str:
-    """A ratio with three decimals: ``1.0042`` → ``'1.004'``."""
+    """A ratio with three decimals.
+
+    Example:
+        >>> fmt_ratio3(1.0042)
+        '1.004'
+    """
     return f"{value:.3f}"
 
 
 def fmt_seconds(value: float) -> str:
-    """Seconds with one decimal."""
+    """Seconds with one decimal.
+
+    Example:
+        >>> fmt_seconds(61.84)
+        '61.8'
+    """
     return f"{value:.1f}"
 
 
@@ -75,7 +115,14 @@ def _ok(results: Results) -> list[Results]:
 
 
 def provenance(results: Results) -> str:
-    """One sentence saying where, when and how the results were measured."""
+    """One sentence saying where, when and how the results were measured.
+
+    Example:
+        >>> meta = {"device": "cpu", "torch": "2.13.0", "date": "2026-11-23T10:00:00+00:00",
+        ...         "git_commit": "abc", "windows": 5, "steps_per_window": 10, "warmup_steps": 3}
+        >>> provenance({"meta": meta}).split(":")[0]
+        'Measured on cpu (torch 2.13.0) on 2026-11-23 at commit `abc`'
+    """
     meta = results["meta"]
     software = f"torch {meta['torch']}" + (f", CUDA {meta['cuda']}" if meta.get("cuda") else "")
     peak = meta.get("peak_source") or "no peak"
@@ -141,7 +188,14 @@ def recipe_summary(source: str | os.PathLike | Results) -> str:
 
 
 def best_result(results: Results, size: str) -> Results | None:
-    """The measured configuration of model ``size`` with the highest tokens/s, or ``None``."""
+    """The measured configuration of model ``size`` with the highest tokens/s, or ``None``.
+
+    Example:
+        >>> rows = [{"name": n, "status": "ok", "config": {"size": "tiny"}, "tokens_per_s": t}
+        ...         for n, t in (("a", 10.0), ("b", 30.0))]
+        >>> best_result({"results": rows}, "tiny")["name"], best_result({"results": rows}, "350m")
+        ('b', None)
+    """
     candidates = [r for r in _ok(results) if r["config"]["size"] == size]
     return max(candidates, key=lambda r: r["tokens_per_s"], default=None)
 
@@ -176,6 +230,10 @@ def profile_table(source: str | os.PathLike | Results, size: str | None = None) 
 
     ``size`` defaults to the results file's ``meta.mfu_goal_size``, falling back to the
     fastest profiled configuration of any size.
+
+    Example:
+        >>> profile_table({"meta": {}, "results": []})
+        '*No profile in these results.*\\n'
     """
     results = load_results(source)
     if results is None:
@@ -200,7 +258,12 @@ def profile_table(source: str | os.PathLike | Results, size: str | None = None) 
 
 
 def stability_summary(source: str | os.PathLike | Results) -> str:
-    """What the stability stack costs per step, against its goal, from the ``stability`` entry."""
+    """What the stability stack costs per step, against its goal, from the ``stability`` entry.
+
+    Example:
+        >>> stability_summary({"meta": {}, "results": []})
+        '*No stability benchmark in these results.*\\n'
+    """
     results = load_results(source)
     if results is None:
         return _missing(source)
