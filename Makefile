@@ -40,8 +40,9 @@ html: $(VENV)/.docs
 	$(PY) -m sphinx -b html $(SPHINXOPTS) -c . docs _build/html
 	@echo "Open _build/html/index.html"
 
+# Tiny CPU models run faster on one thread per process (and the distributed tests start several).
 test: $(VENV)/.test
-	$(PY) -m pytest $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest $(PYTEST_ARGS)
 
 test-gpu:
 	TRAINOPT_REQUIRE_CUDA=1 $(MAKE) test

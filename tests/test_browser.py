@@ -154,7 +154,7 @@ def _fresh_python(code: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRAINOPT_REQUIRE_CUDA")}
     env["MPLBACKEND"] = "Agg"
     return subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True,
-                          cwd=ROOT.parent, env=env, timeout=600)
+                          cwd=ROOT, env=env, timeout=600)
 
 
 def _runnable_blocks(md: Path) -> list[bool]:
