@@ -4,19 +4,17 @@ Each run trains :func:`trainopt.models.digits_mlp` on scikit-learn's digits and 
 record per step in the schema :func:`trainopt.diagnostics.diagnose` reads. One fault is injected
 per run; ``healthy`` injects none. The faults:
 
-=====================  ===============================================================
-``healthy``            Adam, lr 2e-3: the reference run
-``diverging``          Adam whose learning rate ramps up to 100 times the healthy one
-``slow_convergence``   plain SGD with a learning rate far too small (0.01)
-``plateau``            plain SGD with a learning rate of 1e-6: the loss never moves
-``oscillating``        Adam with a learning rate 10 times the healthy one
-``loss_explosion``     the healthy run, with the learning rate 300 times too high for 3 steps
-``gradient_explosion`` clipped training where a few batches carry unnormalised features
-``nan_inf``            one batch with a NaN feature (corrupt data) and no guard
-``out_of_memory``      every step keeps its evaluation outputs with their autograd graph
-``slow_training``      from mid-run, batches jittered pixel by pixel in a Python loop
-``comm_overhead``      gradients all-reduced one small message at a time (a 1-process gloo group)
-=====================  ===============================================================
+- ``healthy``: Adam, lr 2e-3: the reference run
+- ``diverging``: Adam whose learning rate ramps up to 100 times the healthy one
+- ``slow_convergence``: plain SGD with a learning rate far too small (0.01)
+- ``plateau``: plain SGD with a learning rate of 1e-6: the loss never moves
+- ``oscillating``: Adam with a learning rate 10 times the healthy one
+- ``loss_explosion``: the healthy run, with the learning rate 300 times too high for 3 steps
+- ``gradient_explosion``: clipped training where a few batches carry unnormalised features
+- ``nan_inf``: one batch with a NaN feature (corrupt data) and no guard
+- ``out_of_memory``: every step keeps its evaluation outputs with their autograd graph
+- ``slow_training``: from mid-run, batches jittered pixel by pixel in a Python loop
+- ``comm_overhead``: gradients all-reduced one small message at a time (a 1-process gloo group)
 
 Write them all with ``python -m trainopt.fault_runs --out docs/_data/runs``.
 """
