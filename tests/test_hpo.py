@@ -188,6 +188,12 @@ def test_qmc_sampler_is_scrambled_sobol_and_made_without_warnings() -> None:
     assert sampler._qmc_type == "sobol" and sampler._scramble
 
 
+def test_gp_sampler_runs_a_study_past_its_random_startup() -> None:
+    study = tune(quadratic, XY, 12, storage=":memory:", sampler="gp", pruner=None, seed=0)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 12
+    assert any(key.startswith("gp:") for key in study.trials[-1].system_attrs)  # proposed by the GP
+
+
 def test_gp_sampler_without_its_dependencies_names_them(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "scipy", None)
     with pytest.raises(ConfigError, match=r"'gp' needs \['scipy'\]"):
