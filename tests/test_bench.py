@@ -313,6 +313,25 @@ def test_committed_result_files_render_only_their_own_numbers(path: Path) -> Non
     assert not set(NUMBER.findall(text)) - allowed_numbers(results)
 
 
+def page_renders() -> list[tuple[str, str]]:
+    """``(function, data path)`` of every ``trainopt-render`` block of the benchmarking page."""
+    return re.findall(r"```\{trainopt-render\} (\S+)\n:data: (\S+)\n", PAGE.read_text())
+
+
+def test_every_table_on_the_page_shows_only_numbers_from_its_results_file() -> None:
+    import importlib
+
+    renders = page_renders()
+    assert len(renders) >= 5 and all(path.startswith("_data/bench_") for _, path in renders)
+    for dotted, data in renders:
+        module, name = dotted.rsplit(".", 1)
+        path = ROOT / "docs" / data
+        text = getattr(importlib.import_module(module), name)(path)
+        results = json.loads(path.read_text()) if path.exists() else {}
+        stray = set(NUMBER.findall(text)) - allowed_numbers(results) - set(NUMBER.findall(path.name))
+        assert not stray, f"{dotted} on {data} shows numbers not in the file: {stray}"
+
+
 def test_a_missing_results_file_renders_as_not_yet_measured(tmp_path: Path) -> None:
     for render in RENDERERS:
         assert "Not yet measured on a GPU" in render(tmp_path / "bench_h100.json")
