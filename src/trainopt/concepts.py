@@ -30,7 +30,12 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class SGDState:
-    """Momentum buffer of one parameter (``None`` until the first step)."""
+    """Momentum buffer of one parameter (``None`` until the first step).
+
+    Example:
+        >>> SGDState().momentum_buffer is None
+        True
+    """
 
     momentum_buffer: Tensor | None = None
 
@@ -69,7 +74,13 @@ def sgd_update(
 
 @dataclass(frozen=True)
 class RMSPropState:
-    """Running mean of squared gradients (and of gradients when centered), momentum buffer."""
+    """Running mean of squared gradients (and of gradients when centered), momentum buffer.
+
+    Example:
+        >>> state = RMSPropState.zeros_like(torch.ones(3), centered=True)
+        >>> state.square_avg, state.grad_avg is not None, state.momentum_buffer
+        (tensor([0., 0., 0.]), True, None)
+    """
 
     square_avg: Tensor
     grad_avg: Tensor | None = None
@@ -126,7 +137,13 @@ def rmsprop_update(
 
 @dataclass(frozen=True)
 class AdamState:
-    """Step count and the two moment estimates of one parameter."""
+    """Step count and the two moment estimates of one parameter.
+
+    Example:
+        >>> state = AdamState.zeros_like(torch.ones(2))
+        >>> state.step, state.exp_avg, state.exp_avg_sq
+        (0, tensor([0., 0.]), tensor([0., 0.]))
+    """
 
     step: int
     exp_avg: Tensor

@@ -56,6 +56,13 @@ class Finding:
         cause: The likely cause.
         fix: What to do, naming the ``trainopt`` call.
         see: The page (relative to ``docs/``) and section that explain the fix.
+
+    Example:
+        >>> records = [{"step": t, "loss": 2.0 * 0.98**t, "grad_norm": 1.0} for t in range(100)]
+        >>> records[60]["grad_norm"] = 50.0
+        >>> finding = diagnose(records)[0]
+        >>> finding.symptom, finding.step, finding.see
+        ('gradient_explosion', 60, 'guides/troubleshooting.md#gradient-explosion')
     """
 
     symptom: str

@@ -268,6 +268,13 @@ def runs_figure(runs_dir: str | Path, faults: tuple[str, ...] = (
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Command line: record the runs of ``--faults`` (all by default) as ``<out>/<fault>.jsonl``.
+
+    Example:
+        >>> import tempfile
+        >>> main(["--out", tempfile.mkdtemp(), "--steps", "3", "--faults", "plateau"])  # doctest: +ELLIPSIS
+        wrote .../plateau.jsonl
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/_data/runs", help="directory for <fault>.jsonl files")
     parser.add_argument("--steps", type=int, default=300)
