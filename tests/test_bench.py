@@ -301,6 +301,14 @@ def test_rendered_numbers_all_come_from_the_results(cpu_results: dict[str, Any])
     assert not stray, f"numbers not in the results: {stray}"
 
 
+def test_peak_memory_is_shown_in_gb_from_the_recorded_bytes(cpu_results: dict[str, Any]) -> None:
+    results = json.loads(json.dumps(cpu_results))
+    results["results"][0]["peak_memory_bytes"] = 41_263_000_000
+    table = results_table(results)
+    assert "| 41.3 |" in table
+    assert not set(NUMBER.findall(table)) - allowed_numbers(results)
+
+
 def test_the_number_check_catches_a_number_not_in_the_results(cpu_results: dict[str, Any]) -> None:
     text = rendered(cpu_results) + "\nThe recipe is 123456.7 times faster."
     assert set(NUMBER.findall(text)) - allowed_numbers(cpu_results) == {"123456.7"}
