@@ -218,8 +218,10 @@ class TrainingRecovery:
             )
         if self.checkpoint_manager is None:
             raise TrainingInstabilityError(f"cannot recover from {reason}: no checkpoint_manager")
+        # The random number generators move on: the rolled-back run sees new dropout masks and
+        # new batches rather than replaying the ones that led to the divergence.
         restored = self.checkpoint_manager.load_latest(
-            self.model, self.optimizer, scheduler=self.scheduler, scaler=self.scaler
+            self.model, self.optimizer, scheduler=self.scheduler, scaler=self.scaler, restore_rng=False
         )
         if restored is None:
             raise TrainingInstabilityError(

@@ -159,7 +159,8 @@ class TrainingStabilizer:
         skip_unstable: Also skip steps whose loss spikes or whose gradient norm explodes (steps
             with non-finite gradients are always skipped).
         recovery: A :class:`~trainopt.recovery.TrainingRecovery` for rollbacks; its checkpoint
-            manager receives a checkpoint at every stable boundary.
+            manager receives a checkpoint at every stable boundary where its ``should_save(step)``
+            is true (make ``save_frequency`` a multiple of ``check_every``).
         checker: A :class:`StabilityChecker`; one is built on ``optimizer`` by default.
 
     Example:
@@ -299,7 +300,7 @@ class TrainingStabilizer:
             self.total_skipped = self._skipped_at_checkpoint.get(self.steps, self.total_skipped)
             self.scheduler_debt = 0
             report["recovered"] = reason
-        elif report["is_stable"] and self.recovery is not None and self.recovery.checkpoint_manager is not None:
+        elif report["is_stable"] and self._checkpoint_due():
             loss = report["loss"]["median"]
             self.recovery.checkpoint_manager.save_checkpoint(
                 self.model, self.optimizer, self.steps, loss if math.isfinite(loss) else math.inf,
@@ -309,6 +310,13 @@ class TrainingStabilizer:
         self.last_report = report
         self.reports.append(report)
         return report
+
+    def _checkpoint_due(self) -> bool:
+        manager = getattr(self.recovery, "checkpoint_manager", None)
+        if manager is None:
+            return False
+        should_save = getattr(manager, "should_save", None)
+        return should_save is None or bool(should_save(self.steps))
 
     def _reconcile_schedule(self, skipped: int) -> None:
         if self.scheduler is None or skipped == 0:
