@@ -203,6 +203,18 @@ def test_local_skip_decisions_let_the_replicas_diverge(checks):
     assert not torch.isfinite(rank0["params"]).all()  # rank 0 stepped on the NaN gradients
 
 
+def test_step_unless_any_rank_nonfinite_skips_on_every_rank_together(checks):
+    rank0, rank1 = checks[0]["skip"]["helper"], checks[1]["skip"]["helper"]
+    assert rank0["decisions"] == rank1["decisions"] == [False, True, False]
+    assert torch.isfinite(rank0["params"]).all() and torch.equal(rank0["params"], rank1["params"])
+    assert torch.equal(rank0["params"], checks[0]["skip"]["agreed"]["params"])
+
+
+def test_rank0_chooses_and_every_rank_gets_its_choice(checks):
+    assert [r["broadcast"] for r in checks] == ["checkpoint chosen by rank 0"] * 2
+    assert [r["is_main_process"] for r in checks] == [True, False]
+
+
 def test_any_rank_and_nonfinite_flag_work_without_a_process_group():
     assert bool(any_rank(torch.tensor(False))) is False and bool(any_rank(torch.tensor(1))) is True
     layer = torch.nn.Linear(3, 1)

@@ -35,16 +35,19 @@ from trainopt.perf.distributed import (
     CommCounter,
     GradientScaleError,
     any_rank,
+    broadcast_from_rank0,
     check_gradient_scale,
     default_backend,
     fsdp2_available,
     full_tensors,
     gradient_scale,
     gradient_sync,
+    is_main_process,
     launch,
     rank_device,
     register_comm_hook,
     shard_model,
+    step_unless_any_rank_nonfinite,
     wrap_ddp,
 )
 
@@ -255,15 +258,16 @@ def rank_consistent_skip_check(steps: int = 3, bad_rank: int = 1, bad_step: int 
                                seed: int = 0) -> dict[str, Any]:
     """Rank ``bad_rank`` sees a NaN loss at ``bad_step``; each rank decides whether to skip it.
 
-    Runs twice: ``"agreed"``, where the decision is
-    :func:`~trainopt.perf.distributed.any_rank` of the local flags, and ``"local"``, where each
-    rank trusts its own loss. Each run returns the local flags, the
+    Runs three times: ``"agreed"``, where the decision is
+    :func:`~trainopt.perf.distributed.any_rank` of the local flags; ``"local"``, where each
+    rank trusts its own loss; ``"helper"``, where
+    :func:`~trainopt.perf.distributed.step_unless_any_rank_nonfinite` decides and steps. Each run returns the local flags, the
     decisions, and the parameters as one flat tensor (to compare ranks).
     """
     device = rank_device()
     batches = _batches(steps, 8, 16, seed)
     result = {}
-    for mode in ("agreed", "local"):
+    for mode in ("agreed", "local", "helper"):
         model = wrap_ddp(_model(device, seed))
         optimizer = _optimizer(model, lr=0.1)
         local_flags, decisions = [], []
@@ -274,11 +278,14 @@ def rank_consistent_skip_check(steps: int = 3, bad_rank: int = 1, bad_step: int 
                 loss = loss * float("nan")
             loss.backward()  # every rank runs backward, so the collectives stay matched
             local = ~torch.isfinite(loss)
-            skip = any_rank(local) if mode == "agreed" else local
             local_flags.append(bool(local.item()))
-            decisions.append(bool(skip.item()))
-            if not decisions[-1]:
-                optimizer.step()
+            if mode == "helper":
+                decisions.append(not step_unless_any_rank_nonfinite(optimizer, loss, model.parameters()))
+            else:
+                skip = any_rank(local) if mode == "agreed" else local
+                decisions.append(bool(skip.item()))
+                if not decisions[-1]:
+                    optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         params = torch.cat([p.detach().reshape(-1) for p in model.module.parameters()]).cpu()
         result[mode] = {"local_flags": local_flags, "decisions": decisions, "params": params}
@@ -303,6 +310,8 @@ def all_checks(sharded: bool | None = None) -> dict[str, Any]:
         "summed_loss": summed_loss_check(),
         "compression": compression_check(),
         "skip": rank_consistent_skip_check(),
+        "broadcast": broadcast_from_rank0(f"checkpoint chosen by rank {dist.get_rank()}"),
+        "is_main_process": is_main_process(),
     }
     if sharded:
         results["fsdp"] = fsdp_check()
