@@ -175,7 +175,8 @@ class CheckpointManager:
         save_dir: Directory of the checkpoints (created if missing).
         save_frequency: :meth:`should_save` is true every this many steps.
         keep_last: Step checkpoints kept (older ones are deleted after each save); ``None``
-            keeps all. ``best_checkpoint.pt`` is kept besides them.
+            keeps all. ``best_checkpoint.pt`` is kept besides them; it is a hard link to the
+            step file where the filesystem allows (no second write), a copy elsewhere.
 
     Example:
         >>> import tempfile
