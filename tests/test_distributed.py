@@ -71,6 +71,11 @@ def test_small_buckets_mean_more_allreduce_calls_and_the_same_result(checks):
     assert small["max_param_diff"] <= TOLERANCE
 
 
+def test_static_graph_and_separate_gradients_give_the_same_training(checks):
+    for rank in checks:
+        assert rank["ddp_static_graph_no_view"]["max_param_diff"] <= TOLERANCE
+
+
 @needs_fsdp2
 def test_fsdp2_training_equals_single_process_on_the_combined_batch(checks):
     for rank in checks:

@@ -112,14 +112,17 @@ def _train(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]
         optimizer.zero_grad(set_to_none=True)
 
 
-def ddp_check(steps: int = 3, bucket_cap_mb: float = 25.0, seed: int = 0, lr: float = 0.1) -> dict[str, Any]:
+def ddp_check(steps: int = 3, bucket_cap_mb: float = 25.0, seed: int = 0, lr: float = 0.1,
+              gradient_as_bucket_view: bool = True, static_graph: bool = False) -> dict[str, Any]:
     """DDP on each rank's share versus one process on the whole batch: ``max_param_diff``.
 
-    Also returns ``allreduce_calls``: the bucket all-reduces of the run (one per bucket per step).
+    Also returns ``max_param_change`` (how far training moved the weights) and
+    ``allreduce_calls`` (the bucket all-reduces of the run: one per bucket per step).
     """
     device = rank_device()
     batches = _batches(steps, 8, 16, seed)
-    model = wrap_ddp(_model(device, seed), bucket_cap_mb=bucket_cap_mb)
+    model = wrap_ddp(_model(device, seed), bucket_cap_mb=bucket_cap_mb,
+                     gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph)
     counter = CommCounter()
     register_comm_hook(model, "allreduce", counter=counter)
     _train(model, batches, device, lr)
@@ -306,6 +309,7 @@ def all_checks(sharded: bool | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {
         "ddp": ddp_check(),
         "ddp_small_buckets": ddp_check(bucket_cap_mb=0.01),
+        "ddp_static_graph_no_view": ddp_check(gradient_as_bucket_view=False, static_graph=True),
         "accumulation": accumulation_check(),
         "summed_loss": summed_loss_check(),
         "compression": compression_check(),
