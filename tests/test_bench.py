@@ -191,9 +191,11 @@ def test_measure_reports_an_unsupported_precision_instead_of_failing(cpu_results
     assert record["status"] == "unsupported" and "fp16" in record["error"] and "['fp32', 'bf16']" in record["error"]
 
 
-def test_measure_validates_step_counts() -> None:
-    with pytest.raises(ValueError, match="windows must be a positive int"):
+def test_measure_and_run_matrix_validate_step_counts_before_running() -> None:
+    with pytest.raises(ValueError, match="windows must be a positive int, got windows=0"):
         measure(BenchConfig(), windows=0)
+    with pytest.raises(ValueError, match="warmup_steps must be a non-negative int, got warmup_steps=-1"):
+        run_matrix([BenchConfig()], "cpu", warmup_steps=-1, progress=False)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -375,6 +375,24 @@ def _release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def check_step_counts(**counts: int) -> None:
+    """Raise ``ValueError`` unless ``steps`` and ``windows`` are positive ints and the others non-negative.
+
+    Example:
+        >>> check_step_counts(steps=10, windows=5, warmup_steps=0)
+        >>> try:
+        ...     check_step_counts(windows=0)
+        ... except ValueError as error:
+        ...     print(error)
+        windows must be a positive int, got windows=0
+    """
+    for name, value in counts.items():
+        low = 1 if name in ("steps", "windows") else 0
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            kind = "positive" if low else "non-negative"
+            raise ValueError(f"{name} must be a {kind} int, got {name}={value!r}")
+
+
 def measure(config: BenchConfig, device: str | torch.device = "cpu", *, warmup_steps: int = 3,
             steps: int = 10, windows: int = 5, peak_flops: float | None = None, seed: int = 0,
             profile_steps: int = 0) -> dict[str, Any]:
@@ -394,9 +412,7 @@ def measure(config: BenchConfig, device: str | torch.device = "cpu", *, warmup_s
         >>> record["tokens_per_s"] == 32 / record["step_time_s"]["median"]
         True
     """
-    for name, value in (("warmup_steps", warmup_steps), ("steps", steps), ("windows", windows)):
-        if not isinstance(value, int) or value < (0 if name == "warmup_steps" else 1):
-            raise ValueError(f"{name} must be a {'non-negative' if name == 'warmup_steps' else 'positive'} int, got {name}={value!r}")
+    check_step_counts(warmup_steps=warmup_steps, steps=steps, windows=windows, profile_steps=profile_steps)
     device = torch.device(device)
     record: dict[str, Any] = {"name": config.name, "config": asdict(config),
                               "tokens_per_step": config.tokens_per_step}
@@ -600,6 +616,7 @@ def run_matrix(configs: Sequence[BenchConfig], device: str | torch.device | None
         >>> [r["status"] for r in res["results"]], res["meta"]["device"]
         (['ok'], 'cpu')
     """
+    check_step_counts(warmup_steps=warmup_steps, steps=steps, windows=windows, profile_steps=profile_steps)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if time_budget_s is not None and not time_budget_s > 0:
         raise ValueError(f"time_budget_s must be positive or None, got {time_budget_s=}")
