@@ -54,6 +54,12 @@ class HPOConfig:
         report_every: Steps between reports of the validation loss.
         fixed: Hyperparameters held fixed for the whole study.
         space: The search space.
+
+    Example:
+        >>> config = HPOConfig("demo", SearchSpace.from_dict({"hidden": {"type": "int", "low": 16, "high": 64}}),
+        ...                    objectives=("val_loss", "n_params"), pruner=None)
+        >>> config.directions, type(config.make_pruner()).__name__
+        (['minimize', 'minimize'], 'NopPruner')
     """
 
     name: str
@@ -155,7 +161,13 @@ def load_hpo_config(path: str | Path) -> HPOConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line's argument parser."""
+    """The command line's argument parser.
+
+    Example:
+        >>> args = build_parser().parse_args(["tune.yaml", "--n-trials", "8", "--storage", "journal:tune.log"])
+        >>> args.n_trials, args.storage, args.create_only
+        (8, 'journal:tune.log', False)
+    """
     parser = argparse.ArgumentParser(prog="python -m trainopt.hpo", description=__doc__.split("\n")[0])
     parser.add_argument("config", help="tuning config (YAML), e.g. docs/_data/hpo_digits.yaml")
     parser.add_argument("--n-trials", type=int, help="create the study, or top it up, to N trials in all; "
@@ -172,7 +184,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m trainopt.hpo``; returns the exit status."""
+    """Entry point of ``python -m trainopt.hpo``; returns the exit status.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = (folder / "tune.yaml").write_text("search_space:\\n  lr: {type: float, low: 1.0e-4, high: 1.0e-1}\\n")
+        >>> main([str(folder / "tune.yaml"), "--n-trials", "4", "--storage", f"sqlite:///{folder}/tune.db",
+        ...       "--create-only"])
+        study tune: 4 trials, 0 complete, 0 pruned, 0 fail
+        no trial completed
+        0
+    """
     args = build_parser().parse_args(argv)
 
     config = load_hpo_config(args.config)

@@ -24,7 +24,17 @@ _DEMO_STUDIES: dict[tuple[Any, ...], optuna.Study] = {}
 
 @contextmanager
 def quiet_experimental() -> Iterator[None]:
-    """Ignore Optuna's ``ExperimentalWarning`` inside the block, and nothing else."""
+    """Ignore Optuna's ``ExperimentalWarning`` inside the block, and nothing else.
+
+    Example:
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     with quiet_experimental():
+        ...         warnings.warn("new API", optuna.exceptions.ExperimentalWarning)
+        ...         warnings.warn("old API", DeprecationWarning)
+        >>> [w.category.__name__ for w in caught]
+        ['DeprecationWarning']
+    """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         yield
@@ -41,27 +51,68 @@ def _figure(plot: Callable[..., Any], study: optuna.Study, **kwargs: Any) -> Fig
 
 
 def plot_history(study: optuna.Study) -> Figure:
-    """Objective value per trial and the best so far (single-objective studies)."""
+    """Objective value per trial and the best so far (single-objective studies).
+
+    Example:
+        >>> study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        >>> study.optimize(lambda trial: trial.suggest_float("x", -1, 1) ** 2, n_trials=5)
+        >>> plot_history(study).axes[0].get_title()
+        'Optimization History Plot'
+    """
     return _figure(optuna_mpl.plot_optimization_history, study)
 
 
 def plot_importances(study: optuna.Study) -> Figure:
-    """How much of the objective's variance each hyperparameter explains (fANOVA)."""
+    """How much of the objective's variance each hyperparameter explains (fANOVA).
+
+    Example:
+        >>> study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        >>> study.optimize(lambda trial: trial.suggest_float("x", -1, 1) ** 2 + 0.01 * trial.suggest_float("y", -1, 1),
+        ...                n_trials=30)
+        >>> ax = plot_importances(study).axes[0]
+        >>> bars = {label.get_text(): bar.get_width() for label, bar in zip(ax.get_yticklabels(), ax.patches)}
+        >>> bool(bars["x"] > bars["y"])  # x moves the objective, y barely does
+        True
+    """
     return _figure(optuna_mpl.plot_param_importances, study)
 
 
 def plot_intermediate(study: optuna.Study) -> Figure:
-    """The reported learning curve of every trial: pruned ones stop early."""
+    """The reported learning curve of every trial: pruned ones stop early.
+
+    Example:
+        >>> study = optuna.create_study()
+        >>> study.add_trial(optuna.trial.create_trial(
+        ...     value=0.5, params={"x": 0.1}, distributions={"x": optuna.distributions.FloatDistribution(0, 1)},
+        ...     intermediate_values={0: 2.0, 1: 1.0, 2: 0.5}))
+        >>> plot_intermediate(study).axes[0].get_xlabel()
+        'Step'
+    """
     return _figure(optuna_mpl.plot_intermediate_values, study)
 
 
 def plot_pareto(study: optuna.Study, target_names: list[str] | None = None) -> Figure:
-    """The trade-off between two objectives; the Pareto-optimal trials are highlighted."""
+    """The trade-off between two objectives; the Pareto-optimal trials are highlighted.
+
+    Example:
+        >>> study = optuna.create_study(directions=["minimize", "minimize"])
+        >>> study.optimize(lambda trial: (x := trial.suggest_float("x", 0, 1), (1 - x) ** 2), n_trials=6)
+        >>> plot_pareto(study, target_names=["loss", "size"]).axes[0].get_ylabel()
+        'size'
+    """
     return _figure(optuna_mpl.plot_pareto_front, study, target_names=target_names)
 
 
 def save_plots(study: optuna.Study, out_dir: str | Path) -> list[Path]:
-    """Write the plots that fit the study as PNG files into ``out_dir``; return their paths."""
+    """Write the plots that fit the study as PNG files into ``out_dir``; return their paths.
+
+    Example:
+        >>> import tempfile
+        >>> study = optuna.create_study(study_name="doc")
+        >>> study.optimize(lambda trial: trial.suggest_float("x", -1, 1) ** 2, n_trials=3)
+        >>> [path.name for path in save_plots(study, tempfile.mkdtemp())]
+        ['doc-history.png', 'doc-intermediate.png', 'doc-importances.png']
+    """
     import matplotlib.pyplot as plt
 
     out_dir = Path(out_dir)
@@ -90,6 +141,11 @@ def demo_study(objectives: tuple[str, ...] = ("val_loss",), n_trials: int = 16, 
     One objective: learning rate and weight decay, a quasi-random (exploration) round with
     median pruning from 40 % of the steps on. Several: width and learning rate, validation
     loss against parameter count, TPE, no pruning.
+
+    Example:
+        >>> study = demo_study()
+        >>> len(study.trials), {trial.state.name for trial in study.trials} <= {"COMPLETE", "PRUNED"}
+        (16, True)
     """
     key = (objectives, n_trials, steps, seed)
     if key not in _DEMO_STUDIES:

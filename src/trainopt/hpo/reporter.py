@@ -8,7 +8,16 @@ import optuna
 
 
 class TrialDiverged(Exception):
-    """The trial's metric became NaN or infinite: the study records the trial as failed."""
+    """The trial's metric became NaN or infinite: the study records the trial as failed.
+
+    Example:
+        >>> reporter = TrialReporter(optuna.create_study().ask(), report_every=1)
+        >>> try:
+        ...     reporter.report(float("nan"), step=3)
+        ... except TrialDiverged as error:
+        ...     print(error)
+        diverged at step 3: the metric is nan
+    """
 
 
 class TrialReporter:

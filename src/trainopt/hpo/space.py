@@ -65,6 +65,10 @@ class ParamSpec:
         log: Sample uniformly in log space.
         step: Grid spacing (numeric types), or ``None`` for a continuous float.
         choices: The values of a categorical parameter.
+
+    Example:
+        >>> ParamSpec.from_dict("lr", {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}).distribution()
+        FloatDistribution(high=0.1, log=True, low=0.0001, step=None)
     """
 
     name: str
@@ -205,6 +209,11 @@ def load_search_space(source: str | Path | Mapping[str, Any], key: str | None = 
     Args:
         source: Path of a YAML file, or a mapping.
         key: Top-level key that holds the space (``None``: the whole document is the space).
+
+    Example:
+        >>> space = load_search_space({"search_space": {"wd": {"type": "float", "low": 1e-5, "high": 1e-1, "log": True}}})
+        >>> space["wd"].log, space["wd"].high
+        (True, 0.1)
     """
     data = source
     if not isinstance(source, Mapping):

@@ -167,6 +167,11 @@ def create_study(study_name: str, n_trials: int, storage: str | Path | None = No
             objectives.
         seed: Seed of the sampler.
         space: The search space (needed by the grid sampler).
+
+    Example:
+        >>> study = create_study("doc", 3, ":memory:", sampler="random")
+        >>> [trial.state.name for trial in study.trials]
+        ['WAITING', 'WAITING', 'WAITING']
     """
     if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
         raise ValueError(f"n_trials must be a positive int, got {n_trials=}")
@@ -207,6 +212,14 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
     A pruned trial is recorded as PRUNED and a diverged one (``TrialDiverged``, or a returned
     value that is not finite) as FAIL, each with its ``reason`` user attribute; the study goes
     on. Any other exception is recorded as FAIL with its reason, then raised: it is a bug.
+
+    Example:
+        >>> study = optuna.create_study()
+        >>> space = SearchSpace.from_dict({"x": {"type": "float", "low": 0.0, "high": 1.0}})
+        >>> run_trial(study, study.ask(), space, lambda trial, params: float("nan")).name
+        'FAIL'
+        >>> study.trials[0].user_attrs["reason"]
+        'diverged: the objective returned [nan]'
     """
     trial.set_user_attr("worker", f"{os.uname().nodename}:{os.getpid()}")
     try:
@@ -240,6 +253,14 @@ def run_worker(study: optuna.Study, space: SearchSpace, objective: Objective,
     ``reseed=True`` in each of them so that workers built with the same seed don't draw the
     same random numbers (Optuna does the same for ``n_jobs``); QMC points still come from one
     shared sequence.
+
+    Example:
+        >>> study = create_study("doc-worker", 3, ":memory:", sampler="random", pruner=None)
+        >>> space = SearchSpace.from_dict({"x": {"type": "float", "low": 0.0, "high": 1.0}})
+        >>> run_worker(study, space, lambda trial, params: params["x"])
+        {'COMPLETE': 3, 'PRUNED': 0, 'FAIL': 0}
+        >>> run_worker(study, space, lambda trial, params: params["x"])  # the budget is spent
+        {'COMPLETE': 0, 'PRUNED': 0, 'FAIL': 0}
     """
     if reseed:
         study.sampler.reseed_rng()
@@ -292,6 +313,13 @@ def tune(objective: Objective, space: SearchSpace, n_trials: int, *, study_name:
     Returns:
         The study; ``study.best_trial`` (one objective) or ``study.best_trials`` (the Pareto
         front of several).
+
+    Example:
+        >>> space = SearchSpace.from_dict({"x": {"type": "float", "low": 0.0, "high": 1.0}})
+        >>> study = tune(lambda trial, params: (params["x"] - 0.3) ** 2, space, 8, storage=":memory:",
+        ...              sampler="qmc", pruner=None)
+        >>> len(study.trials), study.best_value < 0.01
+        (8, True)
     """
     study = create_study(study_name, n_trials, storage, directions=directions, sampler=sampler,
                          pruner=pruner, seed=seed, space=space)
@@ -300,7 +328,17 @@ def tune(objective: Objective, space: SearchSpace, n_trials: int, *, study_name:
 
 
 def best_trials_text(study: optuna.Study) -> str:
-    """A short text summary of the best trial (or the Pareto front) and the trial counts."""
+    """A short text summary of the best trial (or the Pareto front) and the trial counts.
+
+    Example:
+        >>> space = SearchSpace.from_dict({"x": {"type": "categorical", "choices": [1, 2]}})
+        >>> study = tune(lambda trial, params: params["x"], space, 2, study_name="doc-text", storage=":memory:",
+        ...              sampler="grid", pruner=None)
+        >>> print(best_trials_text(study))
+        study doc-text: 2 trials, 2 complete, 0 pruned, 0 fail
+        best trial:
+          #...: value 1 | x=1
+    """
     trials = study.get_trials(deepcopy=False)
     counts = {s.name: sum(t.state == s for t in trials) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
     lines = [f"study {study.study_name}: {len(trials)} trials, "
