@@ -52,3 +52,14 @@ def test_the_command_line_runs_as_a_module(tmp_path: Path) -> None:
                           "--steps", "20", "--faults", "comm_overhead"], capture_output=True, text=True, check=True)
     assert "comm_overhead.jsonl" in out.stdout
     assert set(FAULTS) >= {p.stem for p in tmp_path.iterdir()}
+
+
+def test_the_troubleshooting_page_command_runs(tmp_path: Path) -> None:
+    page = Path(__file__).resolve().parents[1] / "docs" / "guides" / "troubleshooting.md"
+    commands = [line[2:].split() for line in page.read_text().splitlines() if line.startswith("$ ")]
+    assert commands == [["python", "-m", "trainopt.fault_runs", "--out", "docs/_data/runs"]]
+    args = commands[0][3:]
+    args[args.index("--out") + 1] = str(tmp_path)
+    subprocess.run([sys.executable, "-m", "trainopt.fault_runs", *args, "--steps", "15", "--faults", "healthy"],
+                   check=True, capture_output=True)
+    assert len(load_records(tmp_path / "healthy.jsonl")) == 15

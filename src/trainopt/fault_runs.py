@@ -130,7 +130,8 @@ def record_run(
         raise ValueError(f"steps must be a positive int, got {steps=}")
     owns_group = not dist.is_initialized()
     if owns_group:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        backend = "nccl" if torch.device(device).type == "cuda" and dist.is_nccl_available() else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one core: step times comparable from run to run
     try:
