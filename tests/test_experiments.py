@@ -180,3 +180,35 @@ def test_every_console_command_on_the_pages_parses(page, command):
     assert words[:3] == ["python", "-m", "trainopt.perf.experiments"], command
     args = build_parser().parse_args(words[3:])
     assert args.out.suffix == ".json" and args.size in ("124m", "350m")
+
+
+def _with_checkpointing(cpu_results: Path, changes: dict[str, tuple[float, float]]) -> Path:
+    data = json.loads(cpu_results.read_text())
+    for row in data["checkpointing"]["rows"]:
+        if row["policy"] in changes:
+            row["memory_change"], row["time_change"] = changes[row["policy"]]
+            row["meets_goal"] = row["memory_change"] <= -0.30 and row["time_change"] <= 0.20
+    out = cpu_results.with_name(f"ckpt_{len(changes)}_{sum(m for m, _ in changes.values()):.2f}.json")
+    out.write_text(json.dumps(data))
+    return out
+
+
+def test_recommendation_picks_the_cheapest_policy_meeting_the_goal(cpu_results):
+    path = _with_checkpointing(cpu_results, {"every block": (-0.40, 0.18), "every 2nd block": (-0.31, 0.09),
+                                             "selective": (-0.10, 0.02)})
+    text = report.render_checkpointing_recommendation(path)
+    assert text.startswith("*These numbers come from a CPU run")
+    assert "Recommended on this setup: **every 2nd block** (-31% peak memory, +9% step time)" in text
+
+
+def test_recommendation_says_when_no_policy_meets_the_goal(cpu_results):
+    path = _with_checkpointing(cpu_results, {"every block": (-0.29, 0.22), "every 2nd block": (-0.15, 0.11),
+                                             "selective": (-0.05, 0.03)})
+    text = report.render_checkpointing_recommendation(path)
+    assert "No policy met the goal" in text and "largest saving came from **every block**" in text
+    assert "cheapest policy was **selective**" in text
+
+
+def test_recommendation_without_measured_memory_makes_none(cpu_results, tmp_path):
+    assert "no recommendation" in report.render_checkpointing_recommendation(cpu_results)
+    assert report.render_checkpointing_recommendation(tmp_path / "missing.json").startswith("*Not yet measured")

@@ -111,6 +111,29 @@ def render_checkpointing_table_from(data: dict[str, Any]) -> str:
     return _cpu_note(data) + "\n".join(lines)
 
 
+def render_checkpointing_recommendation(path: str | Path) -> str:
+    """Which checkpointing policy met the goal (≥30% less peak memory, ≤20% more time), if any."""
+    data = _load(path)
+    if data is None:
+        return _missing(path)
+    rows = [r for r in data["checkpointing"]["rows"]
+            if r["policy"] != "none" and "error" not in r and r.get("memory_change") is not None]
+    if not rows:
+        return _cpu_note(data) + "*No measured peak memory in this run, so no recommendation.*"
+
+    def describe(r: dict[str, Any]) -> str:
+        return f"**{r['policy']}** ({_pct(r['memory_change'])} peak memory, {_pct(r['time_change'])} step time)"
+
+    meeting = [r for r in rows if r["meets_goal"]]
+    if meeting:
+        best = min(meeting, key=lambda r: r["time_change"])
+        return _cpu_note(data) + f"Recommended on this setup: {describe(best)}, the cheapest policy that meets the goal."
+    most = min(rows, key=lambda r: r["memory_change"])
+    cheapest = min(rows, key=lambda r: r["time_change"])
+    return _cpu_note(data) + (f"No policy met the goal on this setup. The largest saving came from {describe(most)}; "
+            f"the cheapest policy was {describe(cheapest)}.")
+
+
 def estimate_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     """``(configuration, estimate, measured, error)`` for every row with both numbers."""
     rows = []
