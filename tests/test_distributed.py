@@ -1,4 +1,4 @@
-"""Tests of trainopt.perf.distributed: equivalence with one process, communication counts,
+"""Tests of trainopt.perf.distributed and distributed_consistency: equivalence with one process, communication counts,
 lossy hooks measured, summed losses caught, rank-consistent decisions, launch and torchrun.
 
 The multi-process checks run once, in one 2-process gloo group on the CPU (starting a process
@@ -21,18 +21,20 @@ from hypothesis import strategies as st
 from trainopt.models import GPT, gpt_config
 from trainopt.perf.distributed import (
     COMM_HOOKS,
-    GradientScaleError,
     WorkerError,
-    any_rank,
-    check_gradient_scale,
     fsdp2_available,
-    gradient_scale,
     gradient_sync,
     launch,
     memory_per_rank,
     memory_table,
-    nonfinite_flag,
     register_comm_hook,
+)
+from trainopt.perf.distributed_consistency import (
+    GradientScaleError,
+    any_rank,
+    check_gradient_scale,
+    gradient_scale,
+    nonfinite_flag,
 )
 from trainopt.perf.distributed_checks import (
     MEASURED_HOOKS,

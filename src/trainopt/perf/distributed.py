@@ -10,9 +10,10 @@ Everything here calls torch's own machinery; nothing sends bytes by itself:
 - :func:`shard_model` applies FSDP2's ``fully_shard`` block by block, then to the root.
 - :func:`gradient_sync` skips gradient communication on the micro-batches of an accumulation
   (``no_sync`` for DDP, ``set_requires_gradient_sync`` for FSDP2).
-- :func:`check_gradient_scale` catches a loss that is summed where it should be averaged.
-- :func:`any_rank` makes a skip or roll-back decision the same on every rank.
 - :func:`memory_per_rank` is the ZeRO memory formula.
+
+Checks and decisions that must agree across ranks are in
+:mod:`trainopt.perf.distributed_consistency`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -380,134 +381,6 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
             model.set_requires_gradient_sync(True)
     else:
         yield
-
-
-# ---------------------------------------------------------------------------------------------
-# Loss scale: summed versus averaged
-# ---------------------------------------------------------------------------------------------
-
-
-class GradientScaleError(AssertionError):
-    """Distributed gradients differ from the single-process ones by a constant factor."""
-
-
-def gradient_scale(grads: Sequence[torch.Tensor], reference: Sequence[torch.Tensor]) -> tuple[float, float]:
-    """``(scale, cosine)``: the factor ``s`` minimising ``‖g − s·g_ref‖`` and the cosine of the angle.
-
-    Example:
-        >>> g = [torch.tensor([1.0, 2.0]), torch.tensor([3.0])]
-        >>> gradient_scale([4 * t for t in g], g)
-        (4.0, 1.0)
-    """
-    g = torch.cat([t.detach().reshape(-1).double() for t in grads])
-    ref = torch.cat([t.detach().reshape(-1).double() for t in reference])
-    dot, ref_sq = torch.dot(g, ref), torch.dot(ref, ref)
-    cosine = dot / (g.norm() * ref.norm()).clamp_min(1e-300)
-    return round((dot / ref_sq.clamp_min(1e-300)).item(), 6), round(cosine.item(), 6)
-
-
-def check_gradient_scale(grads: Sequence[torch.Tensor], reference: Sequence[torch.Tensor], *,
-                         world_size: int = 1, local_batch_size: int | None = None,
-                         accumulation_steps: int = 1, rtol: float = 1e-3) -> float:
-    """Check that distributed gradients equal the single-process gradients of the whole batch.
-
-    The reference is the gradient of the *mean* loss over the combined batch, computed in one
-    process. DDP and FSDP average gradients over ranks, so a mean loss per rank gives the
-    reference exactly. A loss summed over the local batch gives ``local_batch_size`` times the
-    reference; a loss summed over the global batch and then averaged by DDP gives
-    ``1/world_size`` of the summed reference; micro-batch losses not divided by the number of
-    accumulation steps give ``accumulation_steps`` times it.
-
-    Returns:
-        The scale (1.0 within ``rtol`` when all is well).
-
-    Raises:
-        GradientScaleError: the scale is off; the message gives the factor and its likely cause.
-    """
-    scale, cosine = gradient_scale(grads, reference)
-    if abs(scale - 1.0) <= rtol:
-        return scale
-    causes = [(float(local_batch_size or 0), "the loss is summed over the per-rank batch "
-               "(reduction='sum'); average it (reduction='mean') or divide by the local batch size"),
-              (1.0 / world_size, "the gradient of a global sum is averaged over ranks by DDP/FSDP; "
-               "multiply the loss by world_size, or average it instead"),
-              (float(accumulation_steps), "micro-batch losses are not divided by accumulation_steps")]
-    if accumulation_steps > 1 and local_batch_size:
-        causes.append((float(local_batch_size * accumulation_steps), "the loss is summed over the "
-                       "per-rank batch and micro-batch losses are not divided by accumulation_steps"))
-    cause = next((text for factor, text in causes
-                  if factor > 0 and factor != 1.0 and abs(scale / factor - 1.0) <= rtol),
-                 "no known cause matches")
-    direction = "" if cosine > 1 - 1e-3 else f" and point elsewhere (cosine {cosine:.4f})"
-    raise GradientScaleError(f"gradients are {scale:g} × the single-process gradients{direction}: {cause}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Decisions every rank agrees on
-# ---------------------------------------------------------------------------------------------
-
-
-def any_rank(flag: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """True on every rank if ``flag`` is true on any rank: a MAX all-reduce of a 0-dim flag.
-
-    The result stays on the device (no host sync); outside a process group it is ``flag``.
-
-    Example:
-        >>> any_rank(torch.tensor(True))
-        tensor(True)
-    """
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag.bool()
-    agreed = flag.detach().to(torch.int32).clone()
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
-    return agreed.bool()
-
-
-def nonfinite_flag(loss: torch.Tensor, parameters: Iterable[nn.Parameter]) -> torch.Tensor:
-    """A 0-dim bool tensor: the loss or any local gradient holds an inf or NaN (no host sync).
-
-    Example:
-        >>> layer = torch.nn.Linear(2, 1)
-        >>> loss = layer(torch.ones(1, 2)).sum()
-        >>> loss.backward()
-        >>> nonfinite_flag(loss, layer.parameters()), nonfinite_flag(loss * float("nan"), [])
-        (tensor(False), tensor(True))
-    """
-    tensors = [loss.detach()] + [p.grad.detach() for p in parameters if p.grad is not None]
-    tensors = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]  # FSDP2 shards
-    return ~torch.stack([torch.isfinite(t).all() for t in tensors]).all()
-
-
-def step_unless_any_rank_nonfinite(optimizer: torch.optim.Optimizer, loss: torch.Tensor,
-                                   parameters: Iterable[nn.Parameter]) -> bool:
-    """Step the optimizer on every rank, or on none if any rank saw an inf or NaN.
-
-    The flag is agreed on the device (:func:`any_rank`); the host then reads that one scalar,
-    the same single read ``torch.amp.GradScaler.step`` makes. Gradients are cleared on a skip.
-
-    Returns:
-        Whether the step was taken (the same on every rank).
-    """
-    skip = any_rank(nonfinite_flag(loss, parameters))
-    if skip.item():
-        optimizer.zero_grad(set_to_none=True)
-        return False
-    optimizer.step()
-    return True
-
-
-def is_main_process() -> bool:
-    """True on rank 0, or when no process group is initialised."""
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-
-
-def broadcast_from_rank0(obj: Any) -> Any:
-    """Rank 0's ``obj`` on every rank (e.g. the checkpoint path to roll back to)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,22 +33,24 @@ from torch import nn
 from trainopt.models import GPT, gpt_config, synthetic_batch
 from trainopt.perf.distributed import (
     CommCounter,
-    GradientScaleError,
-    any_rank,
-    broadcast_from_rank0,
-    check_gradient_scale,
     default_backend,
     fsdp2_available,
     full_tensors,
-    gradient_scale,
     gradient_sync,
-    is_main_process,
     launch,
     rank_device,
     register_comm_hook,
     shard_model,
-    step_unless_any_rank_nonfinite,
     wrap_ddp,
+)
+from trainopt.perf.distributed_consistency import (
+    GradientScaleError,
+    any_rank,
+    broadcast_from_rank0,
+    check_gradient_scale,
+    gradient_scale,
+    is_main_process,
+    step_unless_any_rank_nonfinite,
 )
 
 MEASURED_HOOKS: tuple[str, ...] = ("allreduce", "fp16", "bf16", "powersgd:1", "powersgd:4")
@@ -262,9 +264,9 @@ def rank_consistent_skip_check(steps: int = 3, bad_rank: int = 1, bad_step: int 
     """Rank ``bad_rank`` sees a NaN loss at ``bad_step``; each rank decides whether to skip it.
 
     Runs three times: ``"agreed"``, where the decision is
-    :func:`~trainopt.perf.distributed.any_rank` of the local flags; ``"local"``, where each
+    :func:`~trainopt.perf.distributed_consistency.any_rank` of the local flags; ``"local"``, where each
     rank trusts its own loss; ``"helper"``, where
-    :func:`~trainopt.perf.distributed.step_unless_any_rank_nonfinite` decides and steps. Each run returns the local flags, the
+    :func:`~trainopt.perf.distributed_consistency.step_unless_any_rank_nonfinite` decides and steps. Each run returns the local flags, the
     decisions, and the parameters as one flat tensor (to compare ranks).
     """
     device = rank_device()
