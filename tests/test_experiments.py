@@ -78,17 +78,11 @@ def test_cli_rejects_zero_steps(tmp_path, capsys):
 def test_module_runs_as_a_command(tmp_path):
     out = tmp_path / "perf.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run([sys.executable, "-m", "trainopt.perf.experiments", "--out", str(out), *TINY],
+    quick = ["--size", "tiny", "--device", "cpu", "--batch-size", "1", "--seq-len", "8", "--steps", "1", "--warmup", "1"]
+    result = subprocess.run([sys.executable, "-m", "trainopt.perf.experiments", "--out", str(out), *quick],
                             capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(out.read_text())["model"]["size"] == "tiny"
-
-
-def test_run_defaults_to_cuda_when_available():
-    if torch.cuda.is_available():
-        pytest.skip("checks the CPU fallback")
-    results = run("tiny", batch_size=1, seq_len=8, steps=1, warmup=1)
-    assert results["environment"]["device_type"] == "cpu"
 
 
 @pytest.mark.parametrize("render", RENDERERS, ids=lambda f: f.__name__)
@@ -139,7 +133,8 @@ def test_a_failing_configuration_is_recorded_and_the_rest_still_run(monkeypatch)
         return real(**kwargs)
 
     monkeypatch.setattr(experiments, "measure", flaky)
-    results = run("tiny", device="cpu", batch_size=1, seq_len=8, steps=1, warmup=1)
+    results = run("tiny", batch_size=1, seq_len=8, steps=1, warmup=1)  # device: cuda if available
+    assert results["environment"]["device_type"] == ("cuda" if torch.cuda.is_available() else "cpu")
     rows = {r["policy"]: r for r in results["checkpointing"]["rows"]}
     assert rows["every 2nd block"]["error"].startswith("OutOfMemoryError: CUDA out of memory")
     assert "error" not in rows["every block"] and "error" not in rows["selective"]
