@@ -119,6 +119,8 @@ def test_committed_gpu_results_if_present_come_from_cuda():
         pytest.skip("docs/_data/perf_h100.json has not been produced yet")
     data = json.loads(path.read_text())
     assert data["environment"]["device_type"] == "cuda" and data["environment"]["cuda"]
+    failed = [r for r in data["precision"] + data["checkpointing"]["rows"] if "error" in r]
+    assert not failed, f"configurations that failed on the GPU: {failed}"
     assert all(r["peak_memory_bytes"] for r in data["precision"] if r["supported"])
 
 
