@@ -373,3 +373,27 @@ def test_the_malicious_payload_is_live_under_an_unsafe_load(tmp_path):
         warnings.simplefilter("ignore")
         torch.load(tmp_path / "evil.pt", weights_only=False)
     assert marker.read_text() == "code ran"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_rng_and_map_location(tmp_path):
+    model, opt = make()
+    model.cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(2, 4, device="cuda")).sum().backward()
+    opt.step()
+    torch.cuda.manual_seed_all(3)
+    manager = CheckpointManager(tmp_path)
+    manager.save_checkpoint(model, opt, 1, 1.0)
+    expected = torch.randn(4, device="cuda")
+    torch.cuda.manual_seed_all(9)
+    model2, _ = make(seed=5)
+    model2.cuda()
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
+    assert manager.load_latest(model2, opt2, map_location="cuda") == (1, 1.0)
+    assert torch.equal(torch.randn(4, device="cuda"), expected)
+    assert_state_equal(model.state_dict(), model2.state_dict())
+    cpu_model, _ = make(seed=6)
+    manager.load_latest(cpu_model, None, map_location="cpu")  # a GPU checkpoint loads on CPU
+    assert next(cpu_model.parameters()).device.type == "cpu"
+

@@ -364,3 +364,22 @@ def test_clipping_makes_no_host_sync():
             zscore.clip(params, total_norm=total_grad_norm(params))
             adaptive_clip_grad_(params)
     assert mode.count == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_clipping_never_syncs_on_cuda():
+    params = [p.cuda().detach().requires_grad_() for p in make_params()]
+    for p, q in zip(params, make_params(scale=5.0)):
+        p.grad = q.grad.cuda()
+    adaptive, zscore = AdaptiveGradientClipper(warmup_steps=2), ZScoreClipper(warmup_steps=2)
+    adaptive(params), zscore(params)  # state moves to the device on the first call
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(10):
+            norm = clip_gradients(params, 1.0)
+            adaptive(params)
+            zscore.clip(params, total_norm=total_grad_norm(params))
+            adaptive_clip_grad_(params)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert norm.device.type == "cuda" and adaptive.mean.device.type == "cuda"

@@ -359,3 +359,53 @@ def test_update_with_new_scale_sets_it():
 def test_bad_arguments_raise_naming_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         DynamicLossScaler(**kwargs)
+
+
+# --------------------------------------------------------------------------- CUDA (run by make test-gpu)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind", ["fused", "capturable-mask"])
+def test_cuda_fp16_matches_grad_scaler_and_never_syncs(kind):
+    """fp16 autocast on CUDA: same scale and bit-identical weights as torch.amp.GradScaler, and
+    torch.cuda.set_sync_debug_mode("error") sees no sync in the scaler's steady state."""
+    device = "cuda"
+    if kind == "fused":
+        make_opt = lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True)  # noqa: E731
+        ours = DynamicLossScaler(growth_interval=3)
+    else:
+        make_opt = lambda ps: torch.optim.AdamW(ps, lr=1e-3, capturable=True)  # noqa: E731
+        ours = DynamicLossScaler(growth_interval=3, skip_mode="mask")
+    theirs = torch.amp.GradScaler("cuda", growth_interval=3)
+    model_a = make_model().to(device)
+    model_b = copy.deepcopy(model_a)
+    opt_a, opt_b = make_opt(model_a.parameters()), make_opt(model_b.parameters())
+    g = torch.Generator(device).manual_seed(0)
+
+    def step(model, opt, scaler, x, y, inject):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = torch.nn.functional.mse_loss(model(x).float(), y)
+        scaler.scale(loss).backward()
+        if inject:
+            model[0].weight.grad.view(-1)[:1].fill_(math.inf)
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+
+    for i in range(12):
+        x, y = torch.randn(16, 6, device=device, generator=g), torch.randn(16, 2, device=device, generator=g)
+        if i == 0:
+            step(model_a, opt_a, ours, x, y, False)  # lazy set-up happens here
+        else:
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                step(model_a, opt_a, ours, x, y, i in (4, 5))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        step(model_b, opt_b, theirs, x, y, i in (4, 5))
+        assert ours.get_scale() == theirs.get_scale(), i
+        for a, b in zip(model_a.parameters(), model_b.parameters()):
+            assert torch.equal(a, b)
+    assert int(ours.skipped_steps) == 2

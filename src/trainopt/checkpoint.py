@@ -79,7 +79,7 @@ def get_rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore what :func:`get_rng_state` returned (CUDA states only where CUDA is present)."""
     py = state["python"]
-    random.setstate((int(py["version"]), tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
+    random.setstate((int(py["version"]), tuple(int(v) for v in py["state"].cpu().tolist()), py["gauss"]))
     torch.set_rng_state(state["torch"].cpu())
     cuda = state.get("cuda") or []
     if cuda and torch.cuda.is_available():
@@ -92,7 +92,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
         import numpy as np
 
         npy = state["numpy"]
-        np.random.set_state((npy["kind"], npy["keys"].numpy().astype("uint32"), npy["pos"],
+        np.random.set_state((npy["kind"], npy["keys"].cpu().numpy().astype("uint32"), npy["pos"],
                              npy["has_gauss"], npy["cached_gaussian"]))
 
 
