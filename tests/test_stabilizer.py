@@ -269,3 +269,41 @@ def test_rollback_at_a_boundary_keeps_schedule_and_applied_steps_aligned(tmp_pat
     assert stabilizer.steps == 20 and stabilizer.applied_steps == 19 == sched.last_epoch
     assert all(torch.equal(p, s) for p, s in zip(model.parameters(), saved))
     assert opt.param_groups[0]["lr"] == pytest.approx(0.5 * 1e-2 * sched.lr_lambdas[0](19))
+
+
+def _resumable_run(tmp_path: Path):
+    from trainopt.checkpoint import CheckpointManager
+
+    model, x, y = _task(seed=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    sched = cosine_annealing_schedule(opt, total_steps=40, warmup_steps=4)
+    stabilizer = TrainingStabilizer(model, opt, sched, check_every=5)
+    return model, opt, sched, stabilizer, CheckpointManager(tmp_path, save_frequency=5), x, y
+
+
+def test_end_to_end_resume_with_the_stabilizer_is_bitwise(tmp_path: Path) -> None:
+    """Train 30 steps (one NaN step); or 15, save, rebuild everything, load, train 15 more."""
+    batches = [torch.Generator().manual_seed(i) for i in range(30)]
+    perms = [torch.randperm(64, generator=g)[:32] for g in batches]
+
+    def train(stabilizer, model, x, y, steps: range) -> None:
+        for i in steps:
+            idx = perms[i]
+            factor = math.nan if i == 7 else 1.0
+            stabilizer.step(lambda: F.cross_entropy(model(x[idx]), y[idx]) * factor)
+
+    model, opt, _, stabilizer, _, x, y = _resumable_run(tmp_path / "a")
+    train(stabilizer, model, x, y, range(30))
+
+    model_b, opt_b, sched_b, stab_b, manager, _, _ = _resumable_run(tmp_path / "b")
+    train(stab_b, model_b, x, y, range(15))
+    manager.save_checkpoint(model_b, opt_b, 15, 0.0, scheduler=sched_b, extra={"stabilizer": stab_b})
+    model_c, opt_c, sched_c, stab_c, manager_c, _, _ = _resumable_run(tmp_path / "b")
+    with torch.no_grad():
+        for p in model_c.parameters():
+            p.zero_()
+    assert manager_c.load_latest(model_c, opt_c, scheduler=sched_c, extra={"stabilizer": stab_c})[0] == 15
+    train(stab_c, model_c, x, y, range(15, 30))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), model_c.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(_optimizer_state(opt), _optimizer_state(opt_c)))
+    assert stab_c.applied_steps == stabilizer.applied_steps == 29
