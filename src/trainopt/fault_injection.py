@@ -169,7 +169,7 @@ def run_fault_injection(
         seen = faulty["observed"].get(name, {})
         if name == "diverged_weights":
             after = faulty["recoveries"][seen.get("recoveries_before", 0):]
-            observed = (f"rolled back to step {after[0]['restored_step']}, learning rate x {after[0]['lr_scale']:g}"
+            observed = (f"rolled back to step {after[0]['restored_step']}, learning rate × {after[0]['lr_scale']:g}"
                         if after else "not rolled back")
             survived = bool(after)
         else:
