@@ -44,7 +44,13 @@ ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
 
 class WorkerError(RuntimeError):
-    """A function run by :func:`launch` raised on one rank; the message names the rank."""
+    """A function run by :func:`launch` raised on one rank; the message names the rank.
+
+    Example:
+        >>> error = WorkerError(1, "ValueError: bad batch")
+        >>> error.rank, str(error).splitlines()
+        (1, ['rank 1 failed:', 'ValueError: bad batch'])
+    """
 
     def __init__(self, rank: int, message: str) -> None:
         super().__init__(f"rank {rank} failed:\n{message}")
@@ -69,17 +75,50 @@ def default_backend(nprocs: int) -> str:
 
 
 def free_port() -> int:
-    """A TCP port on the loopback that was free a moment ago (the OS picks it)."""
+    """A TCP port on the loopback that was free a moment ago (the OS picks it).
+
+    Example:
+        >>> 0 < free_port() < 65536
+        True
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
 def rank_device() -> torch.device:
-    """The device of this rank: ``cuda:<LOCAL_RANK>`` under NCCL, else the CPU."""
+    """The device of this rank: ``cuda:<LOCAL_RANK>`` under NCCL, else the CPU.
+
+    Example:
+        >>> with single_process_group("gloo"):
+        ...     rank_device()
+        device(type='cpu')
+    """
     if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def single_process_group(backend: str = "gloo") -> Iterator[None]:
+    """A process group of this one process (world size 1): run distributed code without spawning.
+
+    Handy to step through DDP or FSDP2 code in a debugger, and for quick checks.
+
+    Example:
+        >>> with single_process_group():
+        ...     rank_and_world_size()
+        (0, 1)
+        >>> dist.is_initialized()
+        False
+    """
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialised in this process")
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def _run_rank(rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, port: int,
@@ -163,7 +202,13 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None 
 
 
 def rank_and_world_size() -> tuple[int, int]:
-    """``(rank, world_size)`` of the calling process: the smallest function to :func:`launch`."""
+    """``(rank, world_size)`` of the calling process: the smallest function to :func:`launch`.
+
+    Example:
+        >>> with single_process_group():
+        ...     rank_and_world_size()
+        (0, 1)
+    """
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -187,6 +232,12 @@ def wrap_ddp(model: nn.Module, *, bucket_cap_mb: float = 25.0, gradient_as_bucke
 
     Returns:
         The wrapped model.
+
+    Example:
+        >>> with single_process_group():
+        ...     model = wrap_ddp(torch.nn.Linear(4, 2), bucket_cap_mb=1.0, static_graph=True)
+        ...     type(model).__name__, model.module.out_features
+        ('DistributedDataParallel', 2)
     """
     if not bucket_cap_mb > 0:
         raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb=}")
@@ -202,7 +253,17 @@ def wrap_ddp(model: nn.Module, *, bucket_cap_mb: float = 25.0, gradient_as_bucke
 
 @dataclass
 class CommCounter:
-    """Counts the gradient all-reduce calls of a DDP model (one per bucket) and their elements."""
+    """Counts the gradient all-reduce calls of a DDP model (one per bucket) and their elements.
+
+    Example:
+        >>> counter = CommCounter()
+        >>> with single_process_group():
+        ...     model = wrap_ddp(torch.nn.Linear(4, 2))
+        ...     _ = register_comm_hook(model, "allreduce", counter=counter)
+        ...     model(torch.ones(3, 4)).sum().backward()
+        >>> counter.state_dict()  # one bucket: 4 x 2 weights and 2 biases
+        {'calls': 1, 'elements': 10}
+    """
 
     calls: int = 0
     elements: int = 0
@@ -225,6 +286,11 @@ def backend_reduces_dtype(dtype: torch.dtype, device: torch.device | str = "cpu"
 
     A one-element all-reduce, run by every rank (so every rank gets the same answer). Gloo,
     for instance, has no bfloat16 kernels in older torch releases nor for CUDA tensors.
+
+    Example:
+        >>> with single_process_group("gloo"):
+        ...     backend_reduces_dtype(torch.float32)
+        True
     """
     try:
         dist.all_reduce(torch.zeros(1, dtype=dtype, device=device))
@@ -255,6 +321,13 @@ def register_comm_hook(model: DistributedDataParallel, name: str = "allreduce", 
         ValueError: unknown ``name``; ``"bf16"`` on a backend other than NCCL/XCCL (DDP
             refuses it on gloo); ``"fp16"`` where the backend can't all-reduce float16. The
             message names the backend and the hooks to use instead.
+
+    Example:
+        >>> with single_process_group("gloo"):
+        ...     model = wrap_ddp(torch.nn.Linear(16, 16))
+        ...     state = register_comm_hook(model, "powersgd", powersgd_rank=2)
+        >>> type(state).__name__, state.matrix_approximation_rank
+        ('PowerSGDState', 2)
     """
     if name not in COMM_HOOKS:
         raise ValueError(f"name must be one of {list(COMM_HOOKS)}, got {name=}")
@@ -294,6 +367,10 @@ def load_fsdp2() -> Any:
 
     Raises:
         ImportError: this torch has no FSDP2; the message names the version and what is needed.
+
+    Example:
+        >>> sorted(vars(load_fsdp2()))
+        ['FSDPModule', 'MixedPrecisionPolicy', 'fully_shard']
     """
     for module_name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
         try:
@@ -307,7 +384,12 @@ def load_fsdp2() -> Any:
 
 
 def fsdp2_available() -> bool:
-    """Whether this torch has FSDP2's ``fully_shard``."""
+    """Whether this torch has FSDP2's ``fully_shard``.
+
+    Example:
+        >>> fsdp2_available() == (tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 4))
+        True
+    """
     try:
         load_fsdp2()
     except ImportError:
@@ -336,6 +418,14 @@ def shard_model(model: nn.Module, blocks: Iterable[nn.Module], *,
 
     Returns:
         ``model``, now an ``FSDPModule`` whose parameters are ``DTensor`` shards.
+
+    Example:
+        >>> from trainopt.models import GPT, gpt_config
+        >>> with single_process_group():
+        ...     model = GPT(gpt_config("tiny"))
+        ...     model = shard_model(model, model.blocks, param_dtype=torch.bfloat16)
+        ...     isinstance(model.blocks[0], load_fsdp2().FSDPModule), type(model.wte.weight).__name__
+        (True, 'DTensor')
     """
     fsdp = load_fsdp2()
     policy = fsdp.MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
@@ -346,7 +436,12 @@ def shard_model(model: nn.Module, blocks: Iterable[nn.Module], *,
 
 
 def full_tensors(tensors: Iterable[torch.Tensor | None]) -> list[torch.Tensor | None]:
-    """Plain tensors from a mix of tensors and FSDP2 ``DTensor`` shards (which are gathered)."""
+    """Plain tensors from a mix of tensors and FSDP2 ``DTensor`` shards (which are gathered).
+
+    Example:
+        >>> full_tensors([torch.ones(2), None])
+        [tensor([1., 1.]), None]
+    """
     return [t.full_tensor() if hasattr(t, "full_tensor") else t for t in tensors]
 
 
@@ -414,7 +509,12 @@ def memory_per_rank(n_params: float, world_size: int, stage: int, *, param_bytes
 
 
 def memory_table(n_params: float = 350e6, world_size: int = 8) -> str:
-    """A Markdown table of :func:`memory_per_rank` for stages 0-3, in GiB."""
+    """A Markdown table of :func:`memory_per_rank` for stages 0-3, in GiB.
+
+    Example:
+        >>> print(memory_table(1e9, 8).splitlines()[2])
+        | DDP (stage 0) | 1.86 GiB | 1.86 GiB | 11.18 GiB | 14.90 GiB |
+    """
     names = {0: "DDP (stage 0)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3 / FSDP"}
     lines = [f"| {n_params / 1e6:.0f}M parameters, {world_size} ranks | weights | gradients | "
              "optimizer | total |", "| --- | ---: | ---: | ---: | ---: |"]

@@ -27,7 +27,12 @@ from torch import nn
 
 
 class GradientScaleError(AssertionError):
-    """Distributed gradients differ from the single-process ones by a constant factor."""
+    """Distributed gradients differ from the single-process ones by a constant factor.
+
+    Example:
+        >>> issubclass(GradientScaleError, AssertionError)  # a failed check, in tests too
+        True
+    """
 
 
 def gradient_scale(grads: Sequence[torch.Tensor], reference: Sequence[torch.Tensor]) -> tuple[float, float]:
@@ -62,6 +67,15 @@ def check_gradient_scale(grads: Sequence[torch.Tensor], reference: Sequence[torc
 
     Raises:
         GradientScaleError: the scale is off; the message gives the factor and its likely cause.
+
+    Example:
+        >>> reference = [torch.tensor([0.5, -1.0])]
+        >>> check_gradient_scale([g.clone() for g in reference], reference)
+        1.0
+        >>> check_gradient_scale([32 * g for g in reference], reference, local_batch_size=32)
+        Traceback (most recent call last):
+        ...
+        trainopt.perf.distributed_consistency.GradientScaleError: gradients are 32 × the single-process gradients: the loss is summed over the per-rank batch ...
     """
     scale, cosine = gradient_scale(grads, reference)
     if abs(scale - 1.0) <= rtol:
@@ -126,6 +140,17 @@ def step_unless_any_rank_nonfinite(optimizer: torch.optim.Optimizer, loss: torch
 
     Returns:
         Whether the step was taken (the same on every rank).
+
+    Example:
+        >>> layer = torch.nn.Linear(2, 1)
+        >>> optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+        >>> loss = layer(torch.ones(1, 2)).sum() * float("nan")
+        >>> loss.backward()
+        >>> before = layer.weight.detach().clone()
+        >>> step_unless_any_rank_nonfinite(optimizer, loss, layer.parameters())
+        False
+        >>> torch.equal(layer.weight, before), layer.weight.grad is None
+        (True, True)
     """
     skip = any_rank(nonfinite_flag(loss, parameters))
     if skip.item():
@@ -136,12 +161,22 @@ def step_unless_any_rank_nonfinite(optimizer: torch.optim.Optimizer, loss: torch
 
 
 def is_main_process() -> bool:
-    """True on rank 0, or when no process group is initialised."""
+    """True on rank 0, or when no process group is initialised.
+
+    Example:
+        >>> is_main_process()
+        True
+    """
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
 def broadcast_from_rank0(obj: Any) -> Any:
-    """Rank 0's ``obj`` on every rank (e.g. the checkpoint path to roll back to)."""
+    """Rank 0's ``obj`` on every rank (e.g. the checkpoint path to roll back to).
+
+    Example:
+        >>> broadcast_from_rank0("checkpoint_step_1000.pt")
+        'checkpoint_step_1000.pt'
+    """
     if not (dist.is_available() and dist.is_initialized()):
         return obj
     box = [obj]
