@@ -140,7 +140,7 @@ def run(
     Args:
         size: GPT preset (``"tiny"`` on a CPU, ``"124m"`` on a GPU by default).
         device: ``"cuda"`` or ``"cpu"``; the GPU when present by default.
-        batch_size: Sequences per step (8 for 124m, 4 for tiny by default).
+        batch_size: Sequences per step (16 for the GPU presets, 4 for tiny by default).
         seq_len: Tokens per sequence (the preset's block size by default).
         steps_per_window: Steps per timed window.
         windows: Timed windows per variant (interleaved).
@@ -169,7 +169,7 @@ def run(
             raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
     autocast_dtype = torch.bfloat16 if dtype == "bf16" else None
     config = gpt_config(size)
-    batch_size = batch_size or (8 if size != "tiny" else 4)
+    batch_size = batch_size or (16 if size != "tiny" else 4)
     seq_len = seq_len or config.block_size
     torch.manual_seed(seed)
     base = GPT(config).to(device_)
