@@ -262,6 +262,7 @@ def fault_injection_figure(path: str | Path) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the experiment, write the JSON, print the table; exit 1 if a fault was not survived."""
     args = build_parser().parse_args(argv)
     result = run_fault_injection(steps=args.steps)
     args.out.parent.mkdir(parents=True, exist_ok=True)

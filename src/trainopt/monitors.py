@@ -264,6 +264,7 @@ class LossStabilityMonitor:
 
     @property
     def steps(self) -> int:
+        """Losses seen so far (a host counter)."""
         return self.detector.steps
 
     @property
@@ -314,6 +315,7 @@ class LossStabilityMonitor:
         return report
 
     def state_dict(self) -> dict[str, Any]:
+        """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
         return {
             "check_every": self.check_every, "detector": self.detector.state_dict(),
             **{k: getattr(self, k).detach().clone()
@@ -321,6 +323,7 @@ class LossStabilityMonitor:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
         self.check_every = state["check_every"]
         self.detector.load_state_dict(state["detector"])
         device = self.detector.buffer.device
@@ -495,11 +498,13 @@ class GradientMonitor:
         return report
 
     def state_dict(self) -> dict[str, Any]:
+        """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
         settings = {k: getattr(self, k) for k in
                     ("window_size", "explosion_factor", "min_history", "check_every", "steps")}
         return {**settings, **{k: getattr(self, k).detach().clone() for k in self._tensor_keys}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
         device = self.buffer.device
         for key, value in state.items():
             setattr(self, key, value.detach().clone().to(device) if torch.is_tensor(value) else value)

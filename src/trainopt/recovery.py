@@ -262,6 +262,7 @@ class TrainingRecovery:
         return False
 
     def state_dict(self) -> dict[str, Any]:
+        """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
         return {
             "recovery_attempts": self.recovery_attempts, "lr_scale": self.lr_scale,
             "batches_to_skip": self.batches_to_skip, "reference_lrs": list(self._reference_lrs),
@@ -269,6 +270,7 @@ class TrainingRecovery:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
         self.recovery_attempts = int(state["recovery_attempts"])
         self.lr_scale = float(state["lr_scale"])
         self.batches_to_skip = int(state["batches_to_skip"])

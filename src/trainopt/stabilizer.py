@@ -123,11 +123,13 @@ class StabilityChecker:
         }
 
     def state_dict(self) -> dict[str, Any]:
+        """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
         return {"loss_monitor": self.loss_monitor.state_dict(),
                 "gradient_monitor": self.gradient_monitor.state_dict(),
                 "flagged": self.flagged.detach().clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
         self.loss_monitor.load_state_dict(state["loss_monitor"])
         self.gradient_monitor.load_state_dict(state["gradient_monitor"])
         self.flagged = state["flagged"].detach().clone().to(self.flagged.device)
@@ -333,6 +335,7 @@ class TrainingStabilizer:
         return self.steps - self.total_skipped - int(self.skipped.item())
 
     def state_dict(self) -> dict[str, Any]:
+        """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
         state = {"steps": self.steps, "total_skipped": self.total_skipped, "skip_events": self.skip_events,
                  "scheduler_debt": self.scheduler_debt, "skipped": self.skipped.detach().clone(),
                  "checker": self.checker.state_dict()}
@@ -341,6 +344,7 @@ class TrainingStabilizer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
         self.steps = int(state["steps"])
         self.total_skipped = int(state["total_skipped"])
         self.skip_events = int(state.get("skip_events", self.total_skipped))

@@ -78,6 +78,7 @@ def seed_style_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of a model's first parameter."""
     return next(model.parameters()).device
 
 
@@ -282,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, write the JSON, print the medians; exit 1 if the sync check failed."""
     args = build_parser().parse_args(argv)
     result = run(size=args.size, device=args.device, compile=args.compile, windows=args.windows,
                  steps_per_window=args.steps_per_window, batch_size=args.batch_size, seq_len=args.seq_len)
