@@ -41,6 +41,7 @@ from trainopt.perf.distributed import (
     rank_device,
     register_comm_hook,
     shard_model,
+    single_process_group,
     wrap_ddp,
 )
 from trainopt.perf.distributed_consistency import (
@@ -120,6 +121,12 @@ def ddp_check(steps: int = 3, bucket_cap_mb: float = 25.0, seed: int = 0, lr: fl
 
     Also returns ``max_param_change`` (how far training moved the weights) and
     ``allreduce_calls`` (the bucket all-reduces of the run: one per bucket per step).
+
+    Example:
+        >>> with single_process_group():
+        ...     result = ddp_check(steps=2)
+        >>> result["max_param_diff"] <= 1e-5, result["allreduce_calls"]
+        (True, 2)
     """
     device = rank_device()
     batches = _batches(steps, 8, 16, seed)
@@ -139,6 +146,12 @@ def fsdp_check(steps: int = 3, seed: int = 0, lr: float = 0.1) -> dict[str, Any]
     Returns ``max_param_diff`` (fp32 throughout) and ``max_param_diff_bf16``: with
     ``param_dtype=torch.bfloat16`` forward, backward and the reduce-scatter run in bf16 while the
     sharded weights and the optimizer stay fp32, so the difference is rounding, not zero.
+
+    Example:
+        >>> with single_process_group():
+        ...     result = fsdp_check(steps=1)
+        >>> result["max_param_diff"] <= 1e-5 < result["max_param_diff_bf16"]
+        True
     """
     device = rank_device()
     batches = _batches(steps, 8, 16, seed)
@@ -159,6 +172,12 @@ def accumulation_check(accumulation_steps: int = 4, steps: int = 2, seed: int = 
     Returns ``max_param_diff`` (accumulating with communication only on the last micro-batch,
     against one process on the whole batch); for DDP also ``allreduce_calls_no_sync`` and
     ``allreduce_calls_every_micro_batch``, the all-reduce counts of the two ways.
+
+    Example:
+        >>> with single_process_group():
+        ...     result = accumulation_check(accumulation_steps=2, steps=1)
+        >>> result["allreduce_calls_no_sync"], result["allreduce_calls_every_micro_batch"]
+        (1, 2)
     """
     device = rank_device()
     batches = _batches(steps, 8, 16, seed)
@@ -185,6 +204,12 @@ def summed_loss_check(seed: int = 0) -> dict[str, Any]:
 
     Returns ``scale`` (DDP gradient over the single-process gradient of the mean loss),
     ``error`` (the message raised) and ``local_tokens`` (targets per rank).
+
+    Example:
+        >>> with single_process_group():
+        ...     result = summed_loss_check()
+        >>> round(result["scale"]), result["local_tokens"]  # one rank: the whole batch of 8 x 16
+        (128, 128)
     """
     device = rank_device()
     (batch,) = _batches(1, 8, 16, seed)
@@ -218,7 +243,16 @@ def compression_check(hooks: Sequence[str] = MEASURED_HOOKS, iterations: int = 8
     Returns:
         ``{hook: {"errors": [...], "mean": e, "max": e, "cumulative": e}}``, or
         ``{hook: {"unsupported": reason}}`` where the backend refuses the hook.
+
+    Example:
+        >>> with single_process_group("gloo"):
+        ...     result = compression_check(["fp16", "bf16"], iterations=2)
+        >>> result["fp16"]["mean"] < 1e-2, "unsupported" in result["bf16"]
+        (True, True)
     """
+    if any(h.startswith("powersgd") for h in hooks) and iterations <= start_powersgd_iter:
+        raise ValueError(f"iterations must exceed start_powersgd_iter to measure PowerSGD, got "
+                         f"{iterations=}, {start_powersgd_iter=}")
     device = rank_device()
     batches = _batches(iterations, 8, 16, seed)
     reference = _model(device, seed)
@@ -268,6 +302,12 @@ def rank_consistent_skip_check(steps: int = 3, bad_rank: int = 1, bad_step: int 
     rank trusts its own loss; ``"helper"``, where
     :func:`~trainopt.perf.distributed_consistency.step_unless_any_rank_nonfinite` decides and steps. Each run returns the local flags, the
     decisions, and the parameters as one flat tensor (to compare ranks).
+
+    Example:
+        >>> with single_process_group():
+        ...     result = rank_consistent_skip_check(bad_rank=0)
+        >>> result["agreed"]["decisions"], result["helper"]["decisions"]
+        ([False, True, False], [False, True, False])
     """
     device = rank_device()
     batches = _batches(steps, 8, 16, seed)
@@ -298,7 +338,13 @@ def rank_consistent_skip_check(steps: int = 3, bad_rank: int = 1, bad_step: int 
 
 
 def raise_on_rank(bad_rank: int = 1) -> int:
-    """Raise ``ValueError`` on ``bad_rank`` while the other ranks wait in a barrier."""
+    """Raise ``ValueError`` on ``bad_rank`` while the other ranks wait in a barrier.
+
+    Example:
+        >>> with single_process_group():
+        ...     raise_on_rank(bad_rank=1)  # rank 0 of 1 waits in the barrier, alone
+        0
+    """
     if dist.get_rank() == bad_rank:
         raise ValueError(f"rank {bad_rank} raises on purpose")
     dist.barrier()
@@ -306,7 +352,14 @@ def raise_on_rank(bad_rank: int = 1) -> int:
 
 
 def all_checks(sharded: bool | None = None) -> dict[str, Any]:
-    """Every check above in one process group (start-up of a process costs seconds)."""
+    """Every check above in one process group (start-up of a process costs seconds).
+
+    Example:
+        >>> with single_process_group():
+        ...     results = all_checks(sharded=False)
+        >>> sorted(results)[:3], results["ddp"]["max_param_diff"] <= 1e-5
+        (['accumulation', 'broadcast', 'compression'], True)
+    """
     sharded = fsdp2_available() if sharded is None else sharded
     results: dict[str, Any] = {
         "ddp": ddp_check(),
@@ -326,7 +379,13 @@ def all_checks(sharded: bool | None = None) -> dict[str, Any]:
 
 
 def measure_compression(nprocs: int = 2, iterations: int = 8, backend: str | None = None) -> dict[str, Any]:
-    """Run :func:`compression_check` on ``nprocs`` processes; return a JSON-ready record."""
+    """Run :func:`compression_check` on ``nprocs`` processes; return a JSON-ready record.
+
+    Example:
+        >>> record = measure_compression(nprocs=1, iterations=3)
+        >>> record["world_size"], sorted(record["hooks"]) == sorted(MEASURED_HOOKS)
+        (1, True)
+    """
     per_rank = launch(compression_check, nprocs, MEASURED_HOOKS, iterations, backend=backend)
     model = GPT(gpt_config("tiny"))
     return {
@@ -344,7 +403,13 @@ def measure_compression(nprocs: int = 2, iterations: int = 8, backend: str | Non
 
 
 def compression_table(path: str | Path) -> str:
-    """A Markdown table of a :func:`measure_compression` JSON file."""
+    """A Markdown table of a :func:`measure_compression` JSON file.
+
+    Example:
+        >>> path = Path(__file__).parents[3] / "docs/_data/distributed_compression.json"
+        >>> compression_table(path).splitlines()[0]
+        '| hook | data sent | error per step (mean) | error per step (max) | error of the sum |'
+    """
     data = json.loads(Path(path).read_text())
     lines = ["| hook | data sent | error per step (mean) | error per step (max) | error of the sum |",
              "| --- | ---: | ---: | ---: | ---: |"]
@@ -361,6 +426,14 @@ def compression_table(path: str | Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Command line: ``--out FILE`` measures the lossy hooks, ``--equivalence`` runs the checks.
+
+    Example:
+        >>> main([])  # neither --out nor --equivalence
+        Traceback (most recent call last):
+        ...
+        SystemExit: 2
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="measure the lossy hooks and write this JSON file")
     parser.add_argument("--equivalence", action="store_true",
