@@ -27,6 +27,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import os
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -216,8 +217,11 @@ class TrainoptFigure(SphinxDirective):
         name = f"{self.arguments[0].rsplit('.', 1)[-1]}-{digest}.png"
         out_dir = Path(self.env.srcdir) / "_generated"
         out_dir.mkdir(exist_ok=True)
-        fig.savefig(out_dir / name, dpi=110, bbox_inches="tight")
+        # Write then rename: two builds at once (tests, livehtml) never see a half-written PNG.
+        tmp = out_dir / f".{name}.{os.getpid()}.tmp"
+        fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
         plt.close(fig)
+        os.replace(tmp, out_dir / name)
         image = nodes.image(uri=f"/_generated/{name}", alt=self.options["alt"])
         if "width" in self.options:
             image["width"] = self.options["width"]
