@@ -167,8 +167,8 @@ def adam_update(
         \\quad \\hat m_t = \\frac{m_t}{1-\\beta_1^t}, \\quad \\hat v_t = \\frac{v_t}{1-\\beta_2^t},
         \\quad \\theta_{t+1} = \\theta_t - \\eta \\frac{\\hat m_t}{\\sqrt{\\hat v_t} + \\epsilon}
 
-    ``bias_correction=False`` uses ``m_t`` and ``v_t`` directly, as the seed's formula does, so
-    the page can show what goes wrong.
+    ``bias_correction=False`` uses ``m_t`` and ``v_t`` directly, so the concepts page can show
+    what goes wrong without the correction.
 
     Example:
         >>> p, s = adam_update(torch.tensor([1.0]), torch.tensor([0.5]),

@@ -80,7 +80,7 @@ def bias_correction_figure(steps: int = 200, seed: int = 0) -> Any:
 
     generator = torch.Generator().manual_seed(seed)
     grads = 1.0 + 0.5 * torch.randn(steps, generator=generator, dtype=torch.float64)
-    for correct, label in [(True, "with bias correction"), (False, "without (the seed's formula)")]:
+    for correct, label in [(True, "with bias correction"), (False, "without bias correction")]:
         param = torch.zeros(1, dtype=torch.float64)
         state, sizes = AdamState.zeros_like(param), []
         for g in grads:
