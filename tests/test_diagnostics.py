@@ -188,3 +188,17 @@ def test_no_false_alarm_on_any_decaying_loss(offset: float, height: float, tau: 
     records = [{"step": t, "loss": offset + height * (math.exp(-t / tau) + noise * rng.gauss(0, 1)),
                 "grad_norm": height * math.exp(-t / tau) + 0.01} for t in range(300)]
     assert diagnose(records) == []
+
+
+def test_every_trainopt_object_a_fix_names_exists() -> None:
+    import importlib
+
+    from trainopt import diagnostics
+
+    for cause, fix, _ in diagnostics._ADVICE.values():
+        for dotted in re.findall(r"trainopt(?:\.\w+)+", fix):
+            try:
+                importlib.import_module(dotted)
+            except ImportError:
+                module, _, name = dotted.rpartition(".")
+                assert hasattr(importlib.import_module(module), name), dotted
