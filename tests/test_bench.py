@@ -413,7 +413,7 @@ def test_page_gpu_command_runs_at_tiny_size_on_cpu(tmp_path: Path) -> None:
     result = run_cli(command[1:] + tiny, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     saved = json.loads(out.read_text())
-    assert saved["meta"]["preset"] == "h100"
+    assert saved["meta"]["preset"] == "h100" and saved["meta"]["command"].startswith("python -m trainopt.bench all")
     assert saved["recipe"]["speedup"] is not None and saved["stability"]["status"] == "ok"
     assert saved["stability"]["sync_check"]["passed"]
     assert all("profile" in r for r in saved["results"] if r["status"] == "ok")

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -219,6 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = {"matrix": _matrix, "recipe": _recipe, "all": _all}[args.command](args)
     except ValueError as exc:
         build_parser().error(str(exc))
+    results["meta"]["command"] = shlex.join(["python", "-m", "trainopt.bench", *argv])
     if args.out is not None:
         write_results(results, args.out)
     print(results_table(results))
