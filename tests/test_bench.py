@@ -311,6 +311,13 @@ def test_peak_memory_is_shown_in_gb_from_the_recorded_bytes(cpu_results: dict[st
     assert not set(NUMBER.findall(table)) - allowed_numbers(results)
 
 
+def test_an_error_message_cannot_break_the_table(cpu_results: dict[str, Any]) -> None:
+    results = json.loads(json.dumps(cpu_results))
+    results["results"][2]["error"] = "bad | pipe\nand a second line"
+    row = next(line for line in results_table(results).splitlines() if line.startswith("| fp16 |"))
+    assert row.count("|") == 7 and "bad / pipe and a second line" in row
+
+
 def test_the_number_check_catches_a_number_not_in_the_results(cpu_results: dict[str, Any]) -> None:
     text = rendered(cpu_results) + "\nThe recipe is 123456.7 times faster."
     assert set(NUMBER.findall(text)) - allowed_numbers(cpu_results) == {"123456.7"}

@@ -152,7 +152,8 @@ def results_table(source: str | os.PathLike | Results) -> str:
              "| --- | --- | --- | --- | --- | --- |"]
     for r in results["results"]:
         if r["status"] != "ok":
-            lines.append(f"| {r['name']} | {r['status']}: {r.get('error', '')} | | | | |")
+            error = " ".join(str(r.get("error", "")).split()).replace("|", "/")[:160]
+            lines.append(f"| {r['name']} | {r['status']}: {error} | | | | |")
             continue
         t = r["step_time_s"]
         mfu = fmt_percent(r["mfu"]) if r.get("mfu") is not None else "n/a"
