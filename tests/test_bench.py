@@ -255,9 +255,12 @@ def test_a_failing_configuration_is_recorded_and_the_run_goes_on() -> None:
     assert [r["status"] for r in results["results"]] == ["error", "ok"]
 
 
-def test_speedup_is_the_ratio_of_median_step_times(cpu_results: dict[str, Any]) -> None:
+def test_speedup_is_the_throughput_ratio_and_the_step_time_ratio_at_equal_shapes(cpu_results: dict[str, Any]) -> None:
     plain, fused = cpu_results["results"][:2]
-    assert cpu_results["recipe"]["speedup"] == plain["step_time_s"]["median"] / fused["step_time_s"]["median"]
+    assert plain["tokens_per_step"] == fused["tokens_per_step"]
+    assert cpu_results["recipe"]["speedup"] == fused["tokens_per_s"] / plain["tokens_per_s"]
+    assert cpu_results["recipe"]["speedup"] == pytest.approx(
+        plain["step_time_s"]["median"] / fused["step_time_s"]["median"], rel=1e-12)
     with pytest.raises(ValueError, match="no results named"):
         speedup(cpu_results, "plain", "nope")
 

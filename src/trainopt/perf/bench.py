@@ -478,17 +478,20 @@ def recipe_pair(size: str = "tiny", device: str | torch.device = "cpu", batch_si
 
 
 def speedup(results: dict[str, Any], baseline: str, candidate: str) -> dict[str, Any]:
-    """Compare two measured records of ``results`` by name: median step time ratio.
+    """Compare two measured records of ``results`` by name: the ratio of their throughputs.
+
+    Throughput (tokens/s from the median step time) makes the comparison fair when the two
+    shapes differ; for equal shapes it is the ratio of median step times.
 
     Returns:
-        ``{"baseline", "candidate", "speedup"}``; ``speedup`` is baseline ÷ candidate median
-        step time (``None`` if either did not run).
+        ``{"baseline", "candidate", "speedup"}``; ``speedup`` is candidate ÷ baseline tokens/s
+        (``None`` if either did not run).
 
     Example:
-        >>> results = {"results": [{"name": "plain", "status": "ok", "step_time_s": {"median": 0.5}},
-        ...                        {"name": "recipe", "status": "ok", "step_time_s": {"median": 0.25}}]}
+        >>> results = {"results": [{"name": "plain", "status": "ok", "tokens_per_s": 1000.0},
+        ...                        {"name": "recipe", "status": "ok", "tokens_per_s": 2500.0}]}
         >>> speedup(results, "plain", "recipe")["speedup"]
-        2.0
+        2.5
     """
     by_name = {r["name"]: r for r in results["results"]}
     missing = [n for n in (baseline, candidate) if n not in by_name]
@@ -497,7 +500,7 @@ def speedup(results: dict[str, Any], baseline: str, candidate: str) -> dict[str,
     a, b = by_name[baseline], by_name[candidate]
     ratio = None
     if a["status"] == b["status"] == "ok":
-        ratio = a["step_time_s"]["median"] / b["step_time_s"]["median"]
+        ratio = b["tokens_per_s"] / a["tokens_per_s"]
     return {"baseline": baseline, "candidate": candidate, "speedup": ratio}
 
 

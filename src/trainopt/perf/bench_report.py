@@ -183,9 +183,10 @@ def recipe_summary(source: str | os.PathLike | Results) -> str:
                 f"{cand['name']} is {cand['status']}.*\n")
     ratio = recipe["speedup"]
     verdict = "faster" if ratio >= 1 else "slower: the recipe does not pay off here"
-    return (f"**Speed-up {fmt_ratio(ratio)}×** ({verdict}): {cand['name']} takes "
-            f"{fmt_ms(cand['step_time_s']['median'])} ms per step where {base['name']} takes "
-            f"{fmt_ms(base['step_time_s']['median'])} ms, on {results['meta']['device']}.\n")
+    return (f"**Speed-up {fmt_ratio(ratio)}×** ({verdict}): {cand['name']} trains "
+            f"{fmt_rate(cand['tokens_per_s'])} tokens/s ({fmt_ms(cand['step_time_s']['median'])} ms per "
+            f"step) where {base['name']} trains {fmt_rate(base['tokens_per_s'])} tokens/s "
+            f"({fmt_ms(base['step_time_s']['median'])} ms per step), on {results['meta']['device']}.\n")
 
 
 def best_result(results: Results, size: str) -> Results | None:
