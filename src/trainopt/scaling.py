@@ -58,7 +58,8 @@ def masked_step(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor, *args
     Args:
         optimizer: Any ``torch.optim.Optimizer``.
         found_inf: 0-d tensor, non-zero when this step must be skipped.
-        *args, **kwargs: Passed to ``optimizer.step``.
+        *args: Passed to ``optimizer.step``.
+        **kwargs: Passed to ``optimizer.step``.
 
     Returns:
         Whatever ``optimizer.step`` returned.
