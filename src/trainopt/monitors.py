@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from trainopt.diagnostics import Finding, diagnose  # noqa: F401 - a run's logs read by the same family
+
 
 class LRMonitor:
     """Record the learning rate of every parameter group after each step.

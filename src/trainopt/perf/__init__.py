@@ -1,4 +1,4 @@
-"""Performance tools: precision, memory, profiling and throughput monitoring.
+"""Performance tools: precision, memory, profiling, monitoring, benchmarks and distributed training.
 
 Each submodule holds one concept:
 
@@ -9,4 +9,9 @@ Each submodule holds one concept:
 - :mod:`trainopt.perf.profiling` wraps :mod:`torch.profiler` and times steps with CUDA events.
 - :mod:`trainopt.perf.throughput` tracks tokens/s, step-time percentiles, MFU and memory.
 - :mod:`trainopt.perf.experiments` measures all of the above on the reference GPT.
+- :mod:`trainopt.perf.bench` runs benchmark matrices (``python -m trainopt.bench``);
+  :mod:`trainopt.perf.bench_report` renders their results; :mod:`trainopt.perf.stability_bench`
+  measures the cost of the stability stack.
+- :mod:`trainopt.perf.distributed` wraps DDP and FSDP2 and launches local process groups;
+  :mod:`trainopt.perf.distributed_consistency` keeps decisions the same on every rank.
 """
