@@ -90,7 +90,14 @@ def _free(device: torch.device) -> None:
 
 def measure(size: str, precision_name: str, device: torch.device, batch_size: int, seq_len: int,
             steps: int, warmup: int, policy: str = "none") -> dict[str, Any]:
-    """Train ``warmup + steps`` steps of one configuration; return its timings and memory."""
+    """Train ``warmup + steps`` steps of one configuration; return its timings and memory.
+
+    Example:
+        >>> row = measure("tiny", "fp32", torch.device("cpu"), batch_size=2, seq_len=16,
+        ...               steps=1, warmup=1, policy="every block")
+        >>> row["checkpointed_layers"], row["peak_memory_bytes"], row["tokens_per_s"] > 0
+        (2, None, True)
+    """
     precision = Precision.from_name(precision_name, device, scaler="torch")
     model, optimizer = _setup(size, device)
     options = CHECKPOINT_POLICIES[policy]
@@ -127,7 +134,15 @@ def measure(size: str, precision_name: str, device: torch.device, batch_size: in
 
 def phase_memory(size: str, precision_name: str, device: torch.device, batch_size: int,
                  seq_len: int) -> list[dict[str, Any]]:
-    """Allocated, reserved and peak memory after forward, backward and optimizer step."""
+    """Allocated, reserved and peak memory after forward, backward and optimizer step.
+
+    Returns one dict per phase on CUDA; an empty list on a CPU, which keeps no allocator
+    statistics.
+
+    Example:
+        >>> phase_memory("tiny", "fp32", torch.device("cpu"), batch_size=2, seq_len=16)
+        []
+    """
     precision = Precision.from_name(precision_name, device)
     model, optimizer = _setup(size, device)
     x, y = synthetic_batch(model.config, batch_size, seq_len, device=device)
@@ -149,7 +164,13 @@ def phase_memory(size: str, precision_name: str, device: torch.device, batch_siz
 
 def top_operators(size: str, precision_name: str, device: torch.device, batch_size: int,
                   seq_len: int, n: int = 10) -> list[dict[str, Any]]:
-    """The ``n`` operators with the most self time over two profiled steps."""
+    """The ``n`` operators with the most self time over two profiled steps.
+
+    Example:
+        >>> ops = top_operators("tiny", "fp32", torch.device("cpu"), batch_size=2, seq_len=16, n=5)
+        >>> len(ops), sorted(ops[0]), ops[0]["self_cpu_us"] >= ops[-1]["self_cpu_us"]
+        (5, ['calls', 'name', 'self_cpu_us', 'self_device_us'], True)
+    """
     precision = Precision.from_name(precision_name, device)
     model, optimizer = _setup(size, device)
     x, y = synthetic_batch(model.config, batch_size, seq_len, device=device)
@@ -163,7 +184,13 @@ def top_operators(size: str, precision_name: str, device: torch.device, batch_si
 
 
 def environment(device: torch.device) -> dict[str, Any]:
-    """Hardware and software the numbers were taken with."""
+    """Hardware and software the numbers were taken with.
+
+    Example:
+        >>> env = environment(torch.device("cpu"))
+        >>> env["device_type"], env["cuda"], env["torch"] == torch.__version__
+        ('cpu', None, True)
+    """
     cuda = device.type == "cuda"
     return {
         "device": torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine(),
@@ -257,7 +284,23 @@ def _relative(row: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
 
 def write_snapshot(path: str | Path, size: str, precision_name: str, device: torch.device,
                    batch_size: int, seq_len: int) -> Path:
-    """Record a CUDA memory snapshot of three training steps to ``path`` (for memory_viz)."""
+    """Record a CUDA memory snapshot of three training steps to ``path`` (for memory_viz).
+
+    Raises:
+        RuntimeError: CUDA is not available (see :func:`~trainopt.perf.memory.record_memory_history`).
+
+    Example:
+        >>> import tempfile
+        >>> device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     try:
+        ...         result = write_snapshot(Path(tmp, "snapshot.pickle"), "tiny", "fp32", device,
+        ...                                 batch_size=2, seq_len=16).stat().st_size > 0
+        ...     except RuntimeError as err:  # no CUDA here: nothing to record
+        ...         result = str(err)
+        >>> result in (True, "record_memory_history needs CUDA: torch.cuda.is_available() is False")
+        True
+    """
     precision = Precision.from_name(precision_name, device)
     model, optimizer = _setup(size, device)
     x, y = synthetic_batch(model.config, batch_size, seq_len, device=device)
@@ -270,7 +313,13 @@ def write_snapshot(path: str | Path, size: str, precision_name: str, device: tor
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m trainopt.perf.experiments``."""
+    """The command line of ``python -m trainopt.perf.experiments``.
+
+    Example:
+        >>> args = build_parser().parse_args(["--out", "perf.json", "--size", "tiny", "--steps", "2"])
+        >>> str(args.out), args.size, args.steps, args.warmup, args.device
+        ('perf.json', 'tiny', 2, 3, None)
+    """
     parser = argparse.ArgumentParser(prog="python -m trainopt.perf.experiments", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="JSON file to write")
     parser.add_argument("--size", default="124m", choices=["tiny", "small", "124m", "350m"])
@@ -284,7 +333,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Command line: measure and write the JSON results file."""
+    """Command line: measure and write the JSON results file.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     results = main(["--out", f"{tmp}/perf.json", "--size", "tiny", "--device", "cpu",
+        ...                     "--batch-size", "2", "--seq-len", "16", "--steps", "1", "--warmup", "1"])
+        ...     written = json.loads(Path(tmp, "perf.json").read_text())
+        >>> written == results, written["model"]["size"], written["command"].endswith("--warmup 1")
+        (True, 'tiny', True)
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:

@@ -111,7 +111,18 @@ def _wrap_forward(module: nn.Module, context_fn: Callable[[], Any] | None) -> No
 
 
 def remove_activation_checkpointing(model: nn.Module) -> list[str]:
-    """Undo :func:`apply_activation_checkpointing`; return the names restored."""
+    """Undo :func:`apply_activation_checkpointing`; return the names restored.
+
+    Example:
+        >>> from trainopt.models import GPT, Block, gpt_config
+        >>> model = GPT(gpt_config("tiny"))
+        >>> apply_activation_checkpointing(model, Block)
+        ['blocks.0', 'blocks.1']
+        >>> remove_activation_checkpointing(model)
+        ['blocks.0', 'blocks.1']
+        >>> remove_activation_checkpointing(model)  # nothing left to undo
+        []
+    """
     restored = []
     for name, module in model.named_modules():
         if hasattr(module, _CHECKPOINTED):
@@ -155,7 +166,13 @@ def saved_activation_bytes(model: nn.Module, fn: Callable[[], Any]) -> int:
 
 @dataclass(frozen=True)
 class PhaseMemory:
-    """CUDA memory after one phase of a step, in bytes (``None`` where unavailable)."""
+    """CUDA memory after one phase of a step, in bytes (``None`` where unavailable).
+
+    Example:
+        >>> p = PhaseMemory("backward", allocated=3 * 2**20, reserved=4 * 2**20, peak=5 * 2**20)
+        >>> p.phase, p.peak / 2**20, p.reserved >= p.allocated
+        ('backward', 5.0, True)
+    """
 
     phase: str
     allocated: int | None
@@ -289,7 +306,14 @@ def gpt_activation_bytes(config: Any, batch_size: int, seq_len: int, precision: 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Predicted memory of a training step, in bytes, by part; :attr:`peak` is the sum."""
+    """Predicted memory of a training step, in bytes, by part; :attr:`peak` is the sum.
+
+    Example:
+        >>> est = MemoryEstimate(weights=4, gradients=4, optimizer_states=8, master_weights=0,
+        ...                      activations=10, weight_casts=0, logits_backward=2)
+        >>> est.peak, est.optimizer_phase  # gradients don't count in the peak, logits do
+        (24, 16)
+    """
 
     weights: int
     gradients: int
@@ -360,6 +384,18 @@ def record_memory_history(path: str | Path, max_entries: int = 100_000) -> Itera
 
     Raises:
         RuntimeError: CUDA is not available.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     try:
+        ...         with record_memory_history(Path(tmp, "snapshot.pickle")) as path:
+        ...             _ = torch.ones(1024, device="cuda") * 2
+        ...         result = path.stat().st_size > 0
+        ...     except RuntimeError as err:  # no CUDA here
+        ...         result = str(err)
+        >>> result in (True, "record_memory_history needs CUDA: torch.cuda.is_available() is False")
+        True
     """
     if not torch.cuda.is_available():
         raise RuntimeError("record_memory_history needs CUDA: torch.cuda.is_available() is False")
@@ -398,6 +434,14 @@ def expandable_segments_in_use() -> bool:
 
     Raises:
         RuntimeError: CUDA is not available.
+
+    Example:
+        >>> try:
+        ...     result = type(expandable_segments_in_use()).__name__
+        ... except RuntimeError as err:  # no CUDA here
+        ...     result = str(err)
+        >>> result in ("bool", "expandable_segments_in_use needs CUDA: torch.cuda.is_available() is False")
+        True
     """
     if not torch.cuda.is_available():
         raise RuntimeError("expandable_segments_in_use needs CUDA: torch.cuda.is_available() is False")

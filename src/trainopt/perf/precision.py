@@ -35,7 +35,17 @@ _AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
 
 
 class PrecisionNotSupportedError(RuntimeError):
-    """The chosen precision can't run on the chosen device."""
+    """The chosen precision can't run on the chosen device.
+
+    A ``RuntimeError``; its message names the precisions the device allows.
+
+    Example:
+        >>> try:
+        ...     Precision.from_name("tf32", "cpu")
+        ... except PrecisionNotSupportedError as err:
+        ...     print(isinstance(err, RuntimeError), err)
+        True precision 'tf32' needs a CUDA GPU, got device 'cpu'; on 'cpu' use one of ['fp32', 'bf16']
+    """
 
 
 @dataclass(frozen=True)
@@ -175,6 +185,18 @@ class Precision:
         autocast_dtype: ``torch.bfloat16`` / ``torch.float16``, or ``None`` (no autocast).
         matmul: The float32 matmul settings this precision wants.
         scaler: A dynamic loss scaler for ``fp16`` (see :func:`make_scaler`), else ``None``.
+
+    Example:
+        >>> model = torch.nn.Linear(4, 1)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> precision = Precision.from_name("bf16", "cpu")
+        >>> with precision.autocast():
+        ...     out = model(torch.randn(8, 4))
+        >>> loss = out.float().pow(2).mean()
+        >>> precision.backward(loss)
+        >>> precision.step(optimizer)
+        >>> out.dtype, model.weight.dtype, precision.state_dict()
+        (torch.bfloat16, torch.float32, {'scaler': None})
     """
 
     name: str

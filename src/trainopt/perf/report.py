@@ -63,7 +63,12 @@ def render_environment(path: str | Path) -> str:
 
 
 def render_precision_table(path: str | Path) -> str:
-    """Step time, tokens/s, MFU and peak memory per precision, with the speed-up over fp32."""
+    """Step time, tokens/s, MFU and peak memory per precision, with the speed-up over fp32.
+
+    Example:
+        >>> render_precision_table("missing.json")  # no GPU run yet: no numbers
+        '*Not yet measured on a GPU: `missing.json` is missing. Run `python -m ...` on a CUDA machine to produce it.*'
+    """
     data = _load(path)
     if data is None:
         return _missing(path)
@@ -88,13 +93,31 @@ def render_precision_table(path: str | Path) -> str:
 
 
 def render_checkpointing_table(path: str | Path) -> str:
-    """Peak memory and step time per checkpointing policy, relative to none."""
+    """Peak memory and step time per checkpointing policy, relative to none.
+
+    Example:
+        >>> render_checkpointing_table("docs/_data/no-such-run.json").startswith(
+        ...     "*Not yet measured on a GPU: `no-such-run.json` is missing.")
+        True
+    """
     data = _load(path)
     return _missing(path) if data is None else render_checkpointing_table_from(data)
 
 
 def render_checkpointing_table_from(data: dict[str, Any]) -> str:
-    """:func:`render_checkpointing_table` from the loaded results."""
+    """:func:`render_checkpointing_table` from the loaded results.
+
+    Example:
+        >>> data = {"environment": {"device_type": "cuda"}, "checkpointing": {"precision": "bf16", "rows": [
+        ...     {"policy": "every block", "checkpointed_layers": 12, "step_time_median_ms": 115.0,
+        ...      "time_change": 0.15, "peak_memory_bytes": 4 * 2**30, "memory_change": -0.5,
+        ...      "meets_goal": True},
+        ...     {"policy": "selective", "error": "OutOfMemoryError"}]}}
+        >>> for line in render_checkpointing_table_from(data).splitlines()[-2:]:
+        ...     print(line)
+        | every block | 12 | 115.0 | +15% | 4.00 | -50% | yes |
+        | selective | failed: OutOfMemoryError | | | | | |
+    """
     section = data["checkpointing"]
     lines = [f"Precision: {section['precision']}. Goal: at least 30% lower peak memory for at most 20% more step time.",
              "",
@@ -112,7 +135,20 @@ def render_checkpointing_table_from(data: dict[str, Any]) -> str:
 
 
 def render_checkpointing_recommendation(path: str | Path) -> str:
-    """Which checkpointing policy met the goal (≥30% less peak memory, ≤20% more time), if any."""
+    """Which checkpointing policy met the goal (≥30% less peak memory, ≤20% more time), if any.
+
+    Example:
+        >>> import tempfile
+        >>> row = {"checkpointed_layers": 12, "step_time_median_ms": 100.0, "peak_memory_bytes": 2**30}
+        >>> rows = [row | {"policy": "none", "time_change": 0.0, "memory_change": 0.0, "meets_goal": False},
+        ...         row | {"policy": "every block", "time_change": 0.25, "memory_change": -0.6, "meets_goal": False},
+        ...         row | {"policy": "selective", "time_change": 0.1, "memory_change": -0.4, "meets_goal": True}]
+        >>> data = {"environment": {"device_type": "cuda"}, "checkpointing": {"precision": "bf16", "rows": rows}}
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     _ = Path(tmp, "perf.json").write_text(json.dumps(data))
+        ...     print(render_checkpointing_recommendation(Path(tmp, "perf.json")))
+        Recommended on this setup: **selective** (-40% peak memory, +10% step time), the cheapest policy that meets the goal.
+    """
     data = _load(path)
     if data is None:
         return _missing(path)
@@ -135,7 +171,20 @@ def render_checkpointing_recommendation(path: str | Path) -> str:
 
 
 def estimate_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """``(configuration, estimate, measured, error)`` for every row with both numbers."""
+    """``(configuration, estimate, measured, error)`` for every row with an estimate.
+
+    ``error`` is ``estimate / measured - 1``, or ``None`` where no peak was measured (a CPU).
+
+    Example:
+        >>> data = {"precision": [
+        ...     {"precision": "fp32", "supported": True, "estimate_bytes": 150, "peak_memory_bytes": 100},
+        ...     {"precision": "fp16", "supported": False}],
+        ...     "checkpointing": {"precision": "fp32", "rows": [
+        ...         {"policy": "none"},
+        ...         {"policy": "every block", "estimate_bytes": 60, "peak_memory_bytes": None}]}}
+        >>> [(r["configuration"], r["error"]) for r in estimate_rows(data)]
+        [('fp32, no checkpointing', 0.5), ('fp32, every block', None)]
+    """
     rows = []
     candidates = [(f"{r['precision']}, no checkpointing", r) for r in data["precision"]
                   if r["supported"] and "error" not in r]
@@ -151,7 +200,12 @@ def estimate_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def render_estimate_table(path: str | Path) -> str:
-    """The memory estimate beside the measured peak for each configuration."""
+    """The memory estimate beside the measured peak for each configuration (see :func:`estimate_rows`).
+
+    Example:
+        >>> "python -m trainopt.perf.experiments" in render_estimate_table("missing.json")
+        True
+    """
     data = _load(path)
     if data is None:
         return _missing(path)
@@ -163,7 +217,18 @@ def render_estimate_table(path: str | Path) -> str:
 
 
 def render_phase_table(path: str | Path) -> str:
-    """Allocated, reserved and peak memory after forward, backward and the optimizer step."""
+    """Allocated, reserved and peak memory after forward, backward and the optimizer step.
+
+    Example:
+        >>> import tempfile
+        >>> cpu_run = {"environment": {"device_type": "cpu"}, "phases": {"precision": "fp32", "rows": []}}
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     _ = Path(tmp, "perf.json").write_text(json.dumps(cpu_run))
+        ...     print(render_phase_table(Path(tmp, "perf.json")))
+        *These numbers come from a CPU run, not a GPU: ...*
+        <BLANKLINE>
+        *Per-phase memory needs CUDA; this run had none.*
+    """
     data = _load(path)
     if data is None:
         return _missing(path)
@@ -177,7 +242,12 @@ def render_phase_table(path: str | Path) -> str:
 
 
 def render_top_operators(path: str | Path) -> str:
-    """The operators with the most self time in a profiled training step."""
+    """The operators with the most self time in a profiled training step.
+
+    Example:
+        >>> render_top_operators("missing.json").endswith("on a CUDA machine to produce it.*")
+        True
+    """
     data = _load(path)
     if data is None:
         return _missing(path)
@@ -193,7 +263,15 @@ def render_top_operators(path: str | Path) -> str:
 
 
 def render_device_peaks() -> str:
-    """The dense peak FLOP/s table that MFU divides by (:data:`DEVICE_PEAK_FLOPS`)."""
+    """The dense peak FLOP/s table that MFU divides by (:data:`DEVICE_PEAK_FLOPS`).
+
+    Example:
+        >>> for line in render_device_peaks().splitlines()[:3]:
+        ...     print(line)
+        | device | fp32 | tf32 | bf16 | fp16 |
+        | --- | ---: | ---: | ---: | ---: |
+        | H100 SXM | 66.9 | 494.7 | 989.4 | 989.4 |
+    """
     from trainopt.perf.throughput import DEVICE_PEAK_FLOPS
 
     lines = ["| device | fp32 | tf32 | bf16 | fp16 |", "| --- | ---: | ---: | ---: | ---: |"]
@@ -204,7 +282,12 @@ def render_device_peaks() -> str:
 
 
 def render_throughput_table(path: str | Path) -> str:
-    """Tokens/s, samples/s and MFU per precision, with the peak each MFU is relative to."""
+    """Tokens/s, samples/s and MFU per precision, with the peak each MFU is relative to.
+
+    Example:
+        >>> render_throughput_table("perf_h100.json").startswith("*Not yet measured on a GPU")
+        True
+    """
     data = _load(path)
     if data is None:
         return _missing(path)

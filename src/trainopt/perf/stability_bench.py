@@ -45,7 +45,17 @@ VARIANTS = ("bare", "stabilizer", "seed_style")
 
 def bare_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
               compute_loss: Callable[[], torch.Tensor], dtype: torch.dtype | None) -> torch.Tensor:
-    """(a) The step with nothing added: autocast forward, backward, optimizer step."""
+    """(a) The step with nothing added: autocast forward, backward, optimizer step.
+
+    Example:
+        >>> model = GPT(gpt_config("tiny"))
+        >>> optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        >>> x, y = synthetic_batch(model.config, batch_size=2, seq_len=16)
+        >>> before = model.lm_head.weight.clone()
+        >>> loss = bare_step(model, optimizer, lambda: model(x, targets=y), dtype=None)
+        >>> loss.shape, loss.requires_grad, torch.equal(before, model.lm_head.weight)
+        (torch.Size([]), False, False)
+    """
     optimizer.zero_grad(set_to_none=True)
     with torch.amp.autocast(model_device(model).type, dtype=dtype, enabled=dtype is not None):
         loss = compute_loss()
@@ -61,6 +71,15 @@ def seed_style_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
     Every ``.item()`` waits for the GPU to finish the work queued so far, so the host cannot run
     ahead and the GPU idles while the host queues the next kernels.
+
+    Example:
+        >>> model = GPT(gpt_config("tiny"))
+        >>> optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        >>> x, y = synthetic_batch(model.config, batch_size=2, seq_len=16)
+        >>> history = []
+        >>> loss = seed_style_step(model, optimizer, lambda: model(x, targets=y), None, history)
+        >>> len(history), history[0] == loss.item()  # the loss went to the host
+        (1, True)
     """
     optimizer.zero_grad(set_to_none=True)
     with torch.amp.autocast(model_device(model).type, dtype=dtype, enabled=dtype is not None):
@@ -78,7 +97,12 @@ def seed_style_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
-    """The device of a model's first parameter."""
+    """The device of a model's first parameter.
+
+    Example:
+        >>> model_device(torch.nn.Linear(2, 2))
+        device(type='cpu')
+    """
     return next(model.parameters()).device
 
 
@@ -269,7 +293,13 @@ def stability_bench_table(path: str | Path) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m trainopt.perf.stability_bench``."""
+    """The command line of ``python -m trainopt.perf.stability_bench``.
+
+    Example:
+        >>> args = build_parser().parse_args(["--out", "bench.json", "--size", "tiny", "--windows", "2"])
+        >>> str(args.out), args.size, args.windows, args.steps_per_window, args.compile
+        ('bench.json', 'tiny', 2, 10, False)
+    """
     parser = argparse.ArgumentParser(prog="python -m trainopt.perf.stability_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--size", choices=["tiny", "small", "124m", "350m"], default=None)
@@ -283,7 +313,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark, write the JSON, print the medians; exit 1 if the sync check failed."""
+    """Run the benchmark, write the JSON, print the medians; exit 1 if the sync check failed.
+
+    Example:
+        >>> import contextlib, io, tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()) as out:
+        ...     code = main(["--out", f"{tmp}/bench.json", "--size", "tiny", "--device", "cpu",
+        ...                  "--batch-size", "2", "--seq-len", "16", "--windows", "1",
+        ...                  "--steps-per-window", "1"])
+        ...     written = json.loads(Path(tmp, "bench.json").read_text())
+        >>> code, json.loads(out.getvalue())["sync_check"], written["config"]["model"]
+        (0, True, 'GPT tiny')
+    """
     args = build_parser().parse_args(argv)
     result = run(size=args.size, device=args.device, compile=args.compile, windows=args.windows,
                  steps_per_window=args.steps_per_window, batch_size=args.batch_size, seq_len=args.seq_len)

@@ -84,7 +84,16 @@ def mfu(flops_per_token: float, tokens_per_second: float, peak: float) -> float:
 
 @dataclass(frozen=True)
 class ThroughputDropAlert:
-    """Fire when tokens/s falls below ``fraction`` × the best window seen so far."""
+    """Fire when tokens/s falls below ``fraction`` × the best window seen so far.
+
+    Example:
+        >>> alert = ThroughputDropAlert(fraction=0.8)
+        >>> history = [{"step": 10, "tokens_per_s": 1000.0}]
+        >>> alert({"step": 20, "tokens_per_s": 900.0}, history) is None
+        True
+        >>> alert({"step": 30, "tokens_per_s": 700.0}, history)
+        'throughput dropped to 700 tokens/s at step 30, below 80% of the best 1,000'
+    """
 
     fraction: float = 0.8
 
@@ -99,7 +108,15 @@ class ThroughputDropAlert:
 @dataclass(frozen=True)
 class MemoryNearLimitAlert:
     """Fire when peak allocated memory exceeds ``fraction`` of ``limit_bytes``
-    (default: the CUDA device's total memory)."""
+    (default: the CUDA device's total memory).
+
+    Example:
+        >>> alert = MemoryNearLimitAlert(fraction=0.9, limit_bytes=8 * 2**30)
+        >>> alert({"step": 5, "memory_peak_bytes": 4 * 2**30}, []) is None
+        True
+        >>> alert({"step": 6, "memory_peak_bytes": int(7.5 * 2**30)}, [])
+        'peak memory 7.50 GiB at step 6 is above 90% of 8.00 GiB'
+    """
 
     fraction: float = 0.9
     limit_bytes: int | None = None
@@ -113,7 +130,15 @@ class MemoryNearLimitAlert:
 
 
 def warn_alert(message: str) -> None:
-    """Default alert handler: a ``RuntimeWarning``."""
+    """Default alert handler: a ``RuntimeWarning``.
+
+    Example:
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_alert("throughput dropped")
+        >>> caught[0].category.__name__, str(caught[0].message)
+        ('RuntimeWarning', 'throughput dropped')
+    """
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
@@ -267,5 +292,16 @@ def _tensorboard_writer(log_dir: str | Path | None) -> Any:
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Read the records a monitor wrote to ``path``."""
+    """Read the records a monitor wrote to ``path``.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     monitor = ThroughputMonitor(256, log_every=2, jsonl_path=Path(tmp, "throughput.jsonl"))
+        ...     for _ in range(5):
+        ...         monitor.step()
+        ...     records = read_jsonl(Path(tmp, "throughput.jsonl"))
+        >>> len(records), records[-1]["step"], records == monitor.records
+        (2, 5, True)
+    """
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
