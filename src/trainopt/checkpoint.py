@@ -41,7 +41,17 @@ _CONTAINERS = (dict, OrderedDict, list, tuple, set)
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint cannot be written or loaded; the message names the file."""
+    """A checkpoint cannot be written or loaded; the message names the file.
+
+    Example:
+        >>> import tempfile
+        >>> manager = CheckpointManager(tempfile.mkdtemp())
+        >>> try:
+        ...     manager.load_checkpoint(torch.nn.Linear(2, 1), None, manager.path_for(5))
+        ... except CheckpointError as error:
+        ...     print(error)
+        checkpoint file .../checkpoint_step_5.pt does not exist
+    """
 
 
 # ------------------------------------------------------------------------------------ RNG state
@@ -77,7 +87,15 @@ def get_rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`get_rng_state` returned (CUDA states only where CUDA is present)."""
+    """Restore what :func:`get_rng_state` returned (CUDA states only where CUDA is present).
+
+    Example:
+        >>> import numpy as np
+        >>> state = get_rng_state(); first = np.random.rand(), torch.randint(100, (3,)).tolist()
+        >>> set_rng_state(state)
+        >>> (np.random.rand(), torch.randint(100, (3,)).tolist()) == first
+        True
+    """
     py = state["python"]
     random.setstate((int(py["version"]), tuple(int(v) for v in py["state"].cpu().tolist()), py["gauss"]))
     torch.set_rng_state(state["torch"].cpu())

@@ -37,7 +37,16 @@ FLOAT_STRING = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
 class ConfigError(ValueError):
-    """A config field is missing, unknown or invalid; the message names the dotted field."""
+    """A config field is missing, unknown or invalid; the message names the dotted field.
+
+    Example:
+        >>> try:
+        ...     validate_config({"training": {"optimizer": {"type": "lion", "lr": 0.1},
+        ...                                   "scheduler": {"type": "step_decay", "decay_steps": 10}}})
+        ... except ConfigError as error:
+        ...     print(error.field, "|", error)
+        training.optimizer.type | training.optimizer.type: must be one of ['sgd', 'adam', 'adamw'], got 'lion'
+    """
 
     def __init__(self, field_path: str, message: str) -> None:
         super().__init__(f"{field_path}: {message}")
@@ -46,7 +55,14 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """The validated ``training.optimizer`` section."""
+    """The validated ``training.optimizer`` section.
+
+    Example:
+        >>> cfg = OptimizerConfig("adamw", 3e-4, {"weight_decay": 0.01})
+        >>> opt = build_optimizer(torch.nn.Linear(2, 1).parameters(), cfg)
+        >>> type(opt).__name__, opt.param_groups[0]["weight_decay"]
+        ('AdamW', 0.01)
+    """
 
     type: str
     lr: float
@@ -55,7 +71,13 @@ class OptimizerConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """The validated ``training.scheduler`` section: a registered ``type`` and its settings."""
+    """The validated ``training.scheduler`` section: a registered ``type`` and its settings.
+
+    Example:
+        >>> cfg = SchedulerConfig("step_decay", {"decay_steps": 100})
+        >>> cfg.type in registered_schedulers(), cfg.params["decay_steps"]
+        (True, 100)
+    """
 
     type: str
     params: dict[str, Any] = field(default_factory=dict)
@@ -63,7 +85,14 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class Config:
-    """A validated training config (the ``training`` section of the file)."""
+    """A validated training config (the ``training`` section of the file).
+
+    Example:
+        >>> cfg = Config(OptimizerConfig("sgd", 0.1), SchedulerConfig("step_decay", {"decay_steps": 10}))
+        >>> optimizer = build_optimizer(torch.nn.Linear(2, 1).parameters(), cfg)
+        >>> type(optimizer).__name__, cfg.scheduler.type
+        ('SGD', 'step_decay')
+    """
 
     optimizer: OptimizerConfig
     scheduler: SchedulerConfig
@@ -213,6 +242,13 @@ def load_config(path: str | Path) -> Config:
     Raises:
         ConfigError: a field is missing, unknown or invalid (the message names it).
         FileNotFoundError: ``path`` does not exist.
+
+    Example:
+        >>> cfg = load_config("docs/_data/scheduler_cosine.yaml")
+        >>> cfg.optimizer.type, cfg.optimizer.lr, cfg.scheduler.type
+        ('adamw', 0.0003, 'cosine_annealing')
+        >>> cfg.scheduler.params["warmup_steps"], cfg.scheduler.params["total_steps"]
+        (50, 1000)
     """
     path = Path(path)
     with path.open() as handle:

@@ -156,6 +156,16 @@ def run_fault_injection(
     Returns:
         ``{"clean": ..., "faulty": ..., "rows": [...], "final_loss_gap": ...}``; each row has
         ``fault``, ``step``, ``expected``, ``observed`` and ``survived``.
+
+    Example:
+        >>> result = run_fault_injection({"nan_gradients": 3, "diverged_weights": 12},
+        ...                              steps=20, check_every=5)
+        >>> for row in result["rows"]:
+        ...     print(row["fault"], "|", row["observed"], "|", row["survived"])
+        nan_gradients | step skipped | True
+        diverged_weights | rolled back to step 10, learning rate × 0.5 | True
+        >>> result["faulty"]["finite"], len(result["clean"]["loss_curve"])
+        (True, 20)
     """
     faults = dict(DEFAULT_FAULTS if faults is None else faults)
     unknown = sorted(set(faults) - set(EXPECTED))
@@ -221,7 +231,15 @@ def fault_injection_table(path: str | Path) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m trainopt.fault_injection``."""
+    """The command line of ``python -m trainopt.fault_injection``.
+
+    Example:
+        >>> args = build_parser().parse_args(["--out", "faults.json", "--steps", "50"])
+        >>> args.out, args.steps
+        (PosixPath('faults.json'), 50)
+        >>> build_parser().parse_args(["--out", "faults.json"]).steps
+        200
+    """
     parser = argparse.ArgumentParser(prog="python -m trainopt.fault_injection",
                                      description="Train the digits MLP clean and with injected faults; write JSON.")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
@@ -262,7 +280,18 @@ def fault_injection_figure(path: str | Path) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the experiment, write the JSON, print the table; exit 1 if a fault was not survived."""
+    """Run the experiment, write the JSON, print the table; exit 1 if a fault was not survived.
+
+    Example:
+        >>> import contextlib, io
+        >>> out = Path(tempfile.mkdtemp()) / "faults.json"
+        >>> with contextlib.redirect_stdout(io.StringIO()) as printed:
+        ...     code = main(["--out", str(out), "--steps", "20"])  # ends before the first fault (call 40)
+        >>> code, [row["survived"] for row in json.loads(out.read_text())["rows"]]
+        (1, [False, False, False, False, False])
+        >>> print(printed.getvalue().splitlines()[2])
+        | `nan_gradients` | 40 | step skipped | step applied | **no** |
+    """
     args = build_parser().parse_args(argv)
     result = run_fault_injection(steps=args.steps)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -153,6 +153,15 @@ class GPTConfig:
         n_embd: Width of the residual stream.
         dropout: Dropout probability (0 for benchmarks).
         bias: Whether linear layers and LayerNorms have biases.
+
+    Example:
+        >>> GPTConfig().n_embd // GPTConfig().n_head  # GPT-2 124M: 12 heads of 64
+        64
+        >>> try:
+        ...     GPTConfig(n_embd=100, n_head=3)
+        ... except ValueError as error:
+        ...     print(error)
+        GPTConfig.n_embd must be divisible by n_head, got n_embd=100, n_head=3
     """
 
     vocab_size: int = 50304
@@ -198,7 +207,18 @@ def gpt_config(name: str = "tiny", **overrides: object) -> GPTConfig:
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention through ``F.scaled_dot_product_attention``."""
+    """Multi-head causal self-attention through ``F.scaled_dot_product_attention``.
+
+    Example:
+        >>> attn = CausalSelfAttention(gpt_config("tiny"))
+        >>> x = torch.randn(2, 8, 64)
+        >>> y = attn(x)
+        >>> y.shape
+        torch.Size([2, 8, 64])
+        >>> x2 = x.clone(); x2[:, 5:] = 0.0  # change only the later positions
+        >>> torch.allclose(attn(x2)[:, :5], y[:, :5], atol=1e-6)  # causal: earlier outputs unchanged
+        True
+    """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -218,7 +238,13 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """The transformer's feed-forward block: width × 4, GELU, back to width."""
+    """The transformer's feed-forward block: width × 4, GELU, back to width.
+
+    Example:
+        >>> mlp = MLP(gpt_config("tiny"))
+        >>> mlp.fc.weight.shape, mlp(torch.randn(2, 8, 64)).shape
+        (torch.Size([256, 64]), torch.Size([2, 8, 64]))
+    """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -231,7 +257,18 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """A pre-norm transformer block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``."""
+    """A pre-norm transformer block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``.
+
+    Example:
+        >>> block = Block(gpt_config("tiny"))
+        >>> x = torch.randn(2, 8, 64)
+        >>> block(x).shape
+        torch.Size([2, 8, 64])
+        >>> for p in (block.attn.proj.weight, block.mlp.proj.weight):
+        ...     _ = torch.nn.init.zeros_(p)
+        >>> torch.equal(block(x), x)  # zeroed output projections: only the residual path is left
+        True
+    """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()

@@ -24,7 +24,16 @@ from trainopt.monitors import MAD_TO_SIGMA
 
 
 class TrainingInstabilityError(RuntimeError):
-    """Raised when training stays unstable after ``max_recovery_attempts`` rollbacks."""
+    """Raised when training stays unstable after ``max_recovery_attempts`` rollbacks.
+
+    Example:
+        >>> recovery = TrainingRecovery(torch.nn.Linear(2, 1), None, None)
+        >>> try:
+        ...     recovery.recover("non-finite loss")
+        ... except TrainingInstabilityError as error:
+        ...     print(error)
+        cannot recover from non-finite loss: no checkpoint_manager
+    """
 
 
 def scale_learning_rate(

@@ -78,7 +78,18 @@ def plot_schedule(
 
 def plot_wsd_decays(total_steps: int = 1000, warmup_steps: int = 50, decay_steps: int = 200,
                     base_lr: float = 1e-3, min_lr: float = 1e-5, ax: Any = None) -> Any:
-    """The three WSD decay shapes on one plot."""
+    """The three WSD decay shapes on one plot.
+
+    Example:
+        >>> import matplotlib.pyplot as plt
+        >>> fig = plot_wsd_decays(total_steps=100, warmup_steps=10, decay_steps=20)
+        >>> lines = fig.axes[0].get_lines()
+        >>> [line.get_label() for line in lines]
+        ['linear', 'cosine', '1-sqrt']
+        >>> [float(line.get_ydata()[100]) for line in lines]  # every shape lands on min_lr
+        [1e-05, 1e-05, 1e-05]
+        >>> plt.close(fig)
+    """
     fig, ax = _axes(ax)
     for decay in ("linear", "cosine", "1-sqrt"):
         opt = _optimizer(base_lr)
@@ -91,7 +102,15 @@ def plot_wsd_decays(total_steps: int = 1000, warmup_steps: int = 50, decay_steps
 
 def plot_cyclical_modes(step_size: int = 100, base_lr: float = 1e-4, max_lr: float = 1e-3,
                         gamma: float = 0.997, num_steps: int = 800, ax: Any = None) -> Any:
-    """``CyclicalLearningRate`` in its three modes."""
+    """``CyclicalLearningRate`` in its three modes.
+
+    Example:
+        >>> import matplotlib.pyplot as plt
+        >>> fig = plot_cyclical_modes(step_size=10, num_steps=80)
+        >>> {line.get_label(): round(float(line.get_ydata()[30]), 6) for line in fig.axes[0].get_lines()}
+        {'triangular': 0.001, 'triangular2': 0.00055, 'exp_range': 0.000922}
+        >>> plt.close(fig)
+    """
     fig, ax = _axes(ax)
     for mode in ("triangular", "triangular2", "exp_range"):
         sched = CyclicalLearningRate(_optimizer(1.0), base_lr, max_lr, step_size, mode, gamma)
@@ -103,7 +122,17 @@ def plot_cyclical_modes(step_size: int = 100, base_lr: float = 1e-4, max_lr: flo
 
 def plot_adaptive(initial_lr: float = 1e-3, min_lr: float = 1e-5, window: int = 10,
                   num_steps: int = 600) -> Any:
-    """``AdaptiveLearningRate`` reacting to a loss that falls, then rises, then falls again."""
+    """``AdaptiveLearningRate`` reacting to a loss that falls, then rises, then falls again.
+
+    Example:
+        >>> import matplotlib.pyplot as plt
+        >>> fig = plot_adaptive()
+        >>> loss_axes, lr_axes = fig.axes
+        >>> lrs = lr_axes.get_lines()[0].get_ydata()
+        >>> len(lrs), float(lrs[0]), bool(1e-5 <= lrs[-1] < lrs[0])  # the rate was lowered
+        (600, 0.001, True)
+        >>> plt.close(fig)
+    """
     import math
 
     import matplotlib.pyplot as plt
@@ -130,7 +159,15 @@ def plot_adaptive(initial_lr: float = 1e-3, min_lr: float = 1e-5, window: int = 
 
 
 def schedule_gallery(total_steps: int = 1000, base_lr: float = 1e-3) -> Any:
-    """Every built-in schedule on one page of plots."""
+    """Every built-in schedule on one page of plots.
+
+    Example:
+        >>> import matplotlib.pyplot as plt
+        >>> fig = schedule_gallery(total_steps=200)
+        >>> len(fig.axes), fig.axes[2].get_title()
+        (6, 'step_decay(decay_steps=50, decay_rate=0.5)')
+        >>> plt.close(fig)
+    """
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 3, figsize=(12, 6), constrained_layout=True)
@@ -154,7 +191,18 @@ def schedule_gallery(total_steps: int = 1000, base_lr: float = 1e-3) -> Any:
 
 
 def lr_monitor_figure(steps: int = 60) -> Any:
-    """Train the digits MLP with two param groups under a cosine schedule; plot its LRMonitor."""
+    """Train the digits MLP with two param groups under a cosine schedule; plot its LRMonitor.
+
+    Example:
+        >>> import matplotlib.pyplot as plt
+        >>> fig = lr_monitor_figure(steps=10)
+        >>> lines = fig.axes[0].get_lines()
+        >>> [(line.get_label(), len(line.get_ydata())) for line in lines]
+        [('group 0', 10), ('group 1', 10)]
+        >>> [round(float(line.get_ydata().max()), 6) for line in lines]  # each group's peak rate
+        [0.003, 0.001]
+        >>> plt.close(fig)
+    """
     from trainopt.models import digits_loaders, digits_mlp
     from trainopt.schedules import cosine_annealing_schedule
 

@@ -495,6 +495,17 @@ class SchedulerInterface:
     :meth:`as_lr_scheduler` turns it into a ``LambdaLR`` in which every param group follows the
     same curve scaled to its own base rate. Register a subclass with :func:`register_scheduler`
     to build it from a config.
+
+    Example:
+        >>> class Halving(SchedulerInterface):
+        ...     def get_lr(self, step):
+        ...         return self.base_lr * 0.5 ** (step // 10)
+        >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        >>> sched = Halving(base_lr=0.1).as_lr_scheduler(opt)
+        >>> for _ in range(20):
+        ...     opt.step(); sched.step()
+        >>> Halving(0.1).multiplier(15), round(opt.param_groups[0]["lr"], 6)
+        (0.5, 0.025)
     """
 
     def __init__(self, base_lr: float) -> None:
@@ -575,7 +586,13 @@ def register_scheduler(name: str, factory: SchedulerFactory | None = None) -> An
 
 
 def registered_schedulers() -> list[str]:
-    """Names :func:`build_scheduler` accepts, sorted."""
+    """Names :func:`build_scheduler` accepts, sorted.
+
+    Example:
+        >>> names = registered_schedulers()
+        >>> {"cosine_annealing", "cyclical", "step_decay", "wsd"} <= set(names), names == sorted(names)
+        (True, True)
+    """
     return sorted(_REGISTRY)
 
 
@@ -584,6 +601,13 @@ def scheduler_parameters(name: str) -> dict[str, Any]:
 
     ``optimizer`` (and ``base_lr`` of a :class:`SchedulerInterface`) are left out: they come
     from the optimizer, not from a config.
+
+    Example:
+        >>> params = scheduler_parameters("cosine_annealing")
+        >>> list(params), params["warmup_steps"].default
+        (['total_steps', 'warmup_steps', 'min_lr'], 1000)
+        >>> params["total_steps"].default is params["total_steps"].empty  # required
+        True
     """
     if name not in _REGISTRY:
         raise ValueError(f"type must be one of {registered_schedulers()}, got {name!r}")
