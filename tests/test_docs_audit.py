@@ -64,8 +64,9 @@ def _run_fresh(code: str) -> subprocess.CompletedProcess[str]:
 def test_every_included_implementation_runs_when_copied() -> None:
     """Copying an implementation block gives code that runs in a fresh ``python -c``."""
     includes = source_includes(DOCS)
+    sources = [source_with_imports(name) for _, name in includes]  # ast is not thread-safe
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda item: _run_fresh(source_with_imports(item[1])), includes))
+        results = list(pool.map(_run_fresh, sources))
     failures = [f"{where} ({name}):\n{r.stderr[-1500:]}"
                 for (where, name), r in zip(includes, results) if r.returncode != 0]
     assert not failures, "\n\n".join(failures)
