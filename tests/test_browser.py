@@ -127,7 +127,9 @@ def _expected_copy(text: str) -> str:
     """What a reader must get: prompt lines without prompts if the block has prompts, else all."""
     lines = text.rstrip("\n").split("\n")
     if any(PROMPT.match(line) for line in lines):
-        return "\n".join(PROMPT.sub("", line) for line in lines if PROMPT.match(line))
+        # Prompt lines lose their prompt, output lines go, empty lines stay (copybutton's
+        # copy_empty_lines default).
+        return "\n".join(PROMPT.sub("", line) for line in lines if PROMPT.match(line) or not line.strip())
     return "\n".join(lines)
 
 
