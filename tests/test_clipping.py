@@ -9,8 +9,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from trainopt.syncs import HostSyncCounter
 from trainopt.clipping import (
     AdaptiveGradientClipper,
     ZScoreClipper,
@@ -20,17 +20,6 @@ from trainopt.clipping import (
 )
 
 
-class CountSyncs(TorchDispatchMode):
-    """Count aten._local_scalar_dense: what .item(), bool(tensor) and float(tensor) dispatch to."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def make_params(seed: int = 0, scale: float = 1.0) -> list[torch.nn.Parameter]:
@@ -357,7 +346,7 @@ def test_clipping_makes_no_host_sync():
     params = make_params(scale=5.0)
     adaptive, zscore = AdaptiveGradientClipper(warmup_steps=2), ZScoreClipper(warmup_steps=2)
     adaptive(params), zscore(params)  # lazy set-up outside the counted region
-    with CountSyncs() as mode:
+    with HostSyncCounter() as mode:
         for _ in range(10):
             clip_gradients(params, 1.0)
             adaptive(params)

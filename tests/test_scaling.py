@@ -11,22 +11,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from trainopt.syncs import HostSyncCounter
 from trainopt.scaling import DynamicLossScaler, masked_step
 
 
-class CountSyncs(TorchDispatchMode):
-    """Count aten._local_scalar_dense: what .item(), bool(tensor) and float(tensor) dispatch to."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def make_model(seed: int = 0) -> torch.nn.Module:
@@ -260,7 +249,7 @@ def test_sync_free_paths_add_no_host_sync(opt_name, skip_mode):
         opt = OPTIMIZERS[opt_name](model.parameters())
         scaler = DynamicLossScaler(growth_interval=3, skip_mode=skip_mode, enabled=use_scaler)
         train_step(model, opt, scaler, x, y, None, False)
-        with CountSyncs() as mode:
+        with HostSyncCounter() as mode:
             for step in range(10):
                 inject = "inf" if use_scaler and step == 5 else None
                 train_step(model, opt, scaler, x, y, inject, step % 2 == 0)
@@ -279,7 +268,7 @@ def test_sync_mode_with_plain_optimizer_syncs_like_grad_scaler():
     opt = OPTIMIZERS["sgd-momentum"](model.parameters())
     scaler = DynamicLossScaler()
     x, y = torch.randn(4, 6), torch.randn(4, 2)
-    with CountSyncs() as mode:
+    with HostSyncCounter() as mode:
         train_step(model, opt, scaler, x, y, None, False)
     assert mode.count == 1
 
