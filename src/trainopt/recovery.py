@@ -63,17 +63,23 @@ def scale_learning_rate(
     """
     if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor < math.inf:
         raise ValueError(f"factor must be a positive finite number, got {factor=}")
+    for index in range(len(optimizer.param_groups)):
+        _scale_group(optimizer, scheduler, index, factor)
+
+
+def _scale_group(optimizer: torch.optim.Optimizer, scheduler: Any, index: int, factor: float) -> None:
+    """Scale one group's rate where the scheduler and a rebuilt scheduler will read it too."""
     if scheduler is not None and hasattr(scheduler, "base_lrs"):
-        scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
+        scheduler.base_lrs[index] = scheduler.base_lrs[index] * factor
         if hasattr(scheduler, "_last_lr"):
-            scheduler._last_lr = [lr * factor for lr in scheduler._last_lr]
-    for group in optimizer.param_groups:
-        if "initial_lr" in group:
-            group["initial_lr"] = group["initial_lr"] * factor
-        if torch.is_tensor(group["lr"]):
-            group["lr"].mul_(factor)
-        else:
-            group["lr"] = group["lr"] * factor
+            scheduler._last_lr[index] = scheduler._last_lr[index] * factor
+    group = optimizer.param_groups[index]
+    if "initial_lr" in group:
+        group["initial_lr"] = group["initial_lr"] * factor
+    if torch.is_tensor(group["lr"]):
+        group["lr"].mul_(factor)
+    else:
+        group["lr"] = group["lr"] * factor
 
 
 def _robust_z(value: float, window: Sequence[float], rel_floor: float = 1e-2) -> float:
@@ -250,18 +256,7 @@ class TrainingRecovery:
         for i, (now, ref) in enumerate(zip(current, self._reference_lrs)):
             if now <= 0:
                 continue
-            ratio = ref * self.lr_scale / now
-            if self.scheduler is not None and hasattr(self.scheduler, "base_lrs"):
-                self.scheduler.base_lrs[i] = self.scheduler.base_lrs[i] * ratio
-                if hasattr(self.scheduler, "_last_lr"):
-                    self.scheduler._last_lr[i] = self.scheduler._last_lr[i] * ratio
-            group = self.optimizer.param_groups[i]
-            if "initial_lr" in group:
-                group["initial_lr"] = group["initial_lr"] * ratio
-            if torch.is_tensor(group["lr"]):
-                group["lr"].mul_(ratio)
-            else:
-                group["lr"] = group["lr"] * ratio
+            _scale_group(self.optimizer, self.scheduler, i, ref * self.lr_scale / now)
 
     def should_skip_batch(self) -> bool:
         """True while batches after a rollback remain to be skipped (counts one down per call)."""
