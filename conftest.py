@@ -4,7 +4,9 @@ Sybil collects:
 - every MyST page under ``docs/``: ```` ```python ```` blocks (plain code or ``>>>`` doctests) run in
   order in one namespace per page, exactly as a reader who pastes them into one interpreter;
   ``% skip: next if(<condition>, reason="...")`` skips the next block with a reason;
-- every ``>>>`` example in the docstrings of ``src/trainopt``.
+- every ``>>>`` example in the docstrings of ``src/trainopt``, each docstring in an empty
+  namespace of its own (not the module's), so an example runs exactly as a reader who pastes it
+  alone into a fresh interpreter: it imports what it uses.
 
 Nothing is injected into a page's namespace: a page imports what it uses in plain sight.
 
@@ -21,6 +23,8 @@ from doctest import ELLIPSIS, NORMALIZE_WHITESPACE
 import matplotlib
 import pytest
 from sybil import Sybil
+from sybil.document import Document, PythonDocStringDocument
+from sybil.example import NotEvaluated
 from sybil.parsers.myst import PythonCodeBlockParser, SkipParser
 from sybil.parsers.rest import DocTestParser
 
@@ -37,11 +41,39 @@ docs = Sybil(
     excludes=["_build/*", "_generated/*"],
     name="docs",
 )
+
+
+class IsolatedDocStringDocument(PythonDocStringDocument):
+    """Docstring examples of a module, each docstring in a fresh, empty namespace.
+
+    Sybil's own ``PythonDocStringDocument`` runs every example in the module's namespace, which
+    hides a missing import. Here nothing of the module is visible, and the namespace is emptied
+    whenever the examples move on to the next docstring.
+    """
+
+    def __init__(self, text: str, path: str) -> None:
+        Document.__init__(self, text, path)
+        self.spans: list[tuple[int, int]] | None = None  # found when the first example runs
+        self.current: tuple[int, int] | None = None
+        self.push_evaluator(self.fresh_namespace_per_docstring)
+
+    def fresh_namespace_per_docstring(self, example) -> None:
+        if self.spans is None:
+            self.spans = [(start, end) for start, end, _ in self.extract_docstrings(self.text)]
+        span = next((s for s in self.spans if s[0] <= example.region.start < s[1]), None)
+        if span != self.current:
+            self.current = span
+            example.namespace.clear()
+            example.namespace["__name__"] = "__main__"
+        raise NotEvaluated()
+
+
 docstrings = Sybil(
     parsers=[DocTestParser(optionflags=OPTIONFLAGS)],
     patterns=["*.py"],
     path="src",
     name="docstrings",
+    document_types={".py": IsolatedDocStringDocument},
 )
 
 pytest_collect_file = (docs + docstrings).pytest()

@@ -40,6 +40,7 @@ def digits_data(
         split's mean and standard deviation.
 
     Example:
+        >>> from trainopt.models import digits_data
         >>> x_train, y_train, x_val, y_val = digits_data()
         >>> x_train.shape, x_val.shape, int(y_train.max()) + 1
         (torch.Size([1438, 64]), torch.Size([359, 64]), 10)
@@ -76,6 +77,7 @@ def digits_loaders(
     same ``seed`` yield the same batches.
 
     Example:
+        >>> from trainopt.models import digits_loaders
         >>> train, val = digits_loaders(batch_size=32)
         >>> xb, yb = next(iter(train))
         >>> xb.shape, yb.shape
@@ -96,6 +98,8 @@ def digits_mlp(hidden: int = 128, depth: int = 2, seed: int | None = 0) -> nn.Se
     """An MLP for the 64-pixel digits: ``depth`` hidden layers of width ``hidden`` with GELU.
 
     Example:
+        >>> import torch
+        >>> from trainopt.models import digits_mlp
         >>> model = digits_mlp()
         >>> model(torch.zeros(5, 64)).shape
         torch.Size([5, 10])
@@ -116,6 +120,9 @@ def evaluate(model: nn.Module, loader: DataLoader, device: str | torch.device = 
     """Mean cross-entropy and accuracy of a classifier over a loader.
 
     Example:
+        >>> from trainopt.models import digits_loaders
+        >>> from trainopt.models import digits_mlp
+        >>> from trainopt.models import evaluate
         >>> _, val = digits_loaders()
         >>> loss, acc = evaluate(digits_mlp(), val)
         >>> 0.0 <= acc <= 1.0 and loss > 0
@@ -155,6 +162,7 @@ class GPTConfig:
         bias: Whether linear layers and LayerNorms have biases.
 
     Example:
+        >>> from trainopt.models import GPTConfig
         >>> GPTConfig().n_embd // GPTConfig().n_head  # GPT-2 124M: 12 heads of 64
         64
         >>> try:
@@ -198,6 +206,7 @@ def gpt_config(name: str = "tiny", **overrides: object) -> GPTConfig:
     """A :class:`GPTConfig` by preset name (``"tiny"``, ``"small"``, ``"124m"``, ``"350m"``).
 
     Example:
+        >>> from trainopt.models import gpt_config
         >>> gpt_config("124m").n_layer, gpt_config("tiny", block_size=32).block_size
         (12, 32)
     """
@@ -210,6 +219,9 @@ class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention through ``F.scaled_dot_product_attention``.
 
     Example:
+        >>> import torch
+        >>> from trainopt.models import CausalSelfAttention
+        >>> from trainopt.models import gpt_config
         >>> attn = CausalSelfAttention(gpt_config("tiny"))
         >>> x = torch.randn(2, 8, 64)
         >>> y = attn(x)
@@ -241,6 +253,9 @@ class MLP(nn.Module):
     """The transformer's feed-forward block: width × 4, GELU, back to width.
 
     Example:
+        >>> import torch
+        >>> from trainopt.models import MLP
+        >>> from trainopt.models import gpt_config
         >>> mlp = MLP(gpt_config("tiny"))
         >>> mlp.fc.weight.shape, mlp(torch.randn(2, 8, 64)).shape
         (torch.Size([256, 64]), torch.Size([2, 8, 64]))
@@ -260,6 +275,9 @@ class Block(nn.Module):
     """A pre-norm transformer block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``.
 
     Example:
+        >>> import torch
+        >>> from trainopt.models import Block
+        >>> from trainopt.models import gpt_config
         >>> block = Block(gpt_config("tiny"))
         >>> x = torch.randn(2, 8, 64)
         >>> block(x).shape
@@ -289,6 +307,10 @@ class GPT(nn.Module):
     are given (the loss path is what training and benchmarks use).
 
     Example:
+        >>> import math
+        >>> import torch
+        >>> from trainopt.models import GPT
+        >>> from trainopt.models import gpt_config
         >>> model = GPT(gpt_config("tiny"))
         >>> idx = torch.randint(0, 512, (2, 16))
         >>> model(idx).shape
@@ -361,6 +383,8 @@ def synthetic_batch(
     """Random ``(inputs, targets)`` token batches of shape ``(batch_size, seq_len)``.
 
     Example:
+        >>> from trainopt.models import gpt_config
+        >>> from trainopt.models import synthetic_batch
         >>> x, y = synthetic_batch(gpt_config("tiny"), batch_size=4, seq_len=8)
         >>> x.shape, bool((x[:, 1:] == y[:, :-1]).all())
         (torch.Size([4, 8]), True)

@@ -56,6 +56,8 @@ class HPOConfig:
         space: The search space.
 
     Example:
+        >>> from trainopt.hpo.cli import HPOConfig
+        >>> from trainopt.hpo.space import SearchSpace
         >>> config = HPOConfig("demo", SearchSpace.from_dict({"hidden": {"type": "int", "low": 16, "high": 64}}),
         ...                    objectives=("val_loss", "n_params"), pruner=None)
         >>> config.directions, type(config.make_pruner()).__name__
@@ -112,6 +114,8 @@ def load_hpo_config(path: str | Path) -> HPOConfig:
     """Load and validate a tuning config; errors name the dotted field and what is allowed.
 
     Example:
+        >>> from pathlib import Path
+        >>> from trainopt.hpo.cli import load_hpo_config
         >>> import tempfile
         >>> path = Path(tempfile.mkdtemp()) / "tune.yaml"
         >>> _ = path.write_text("search_space:\\n  lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}\\n")
@@ -164,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line's argument parser.
 
     Example:
+        >>> from trainopt.hpo.cli import build_parser
         >>> args = build_parser().parse_args(["tune.yaml", "--n-trials", "8", "--storage", "journal:tune.log"])
         >>> args.n_trials, args.storage, args.create_only
         (8, 'journal:tune.log', False)
@@ -187,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m trainopt.hpo``; returns the exit status.
 
     Example:
+        >>> from pathlib import Path
+        >>> from trainopt.hpo.cli import main
         >>> import tempfile
         >>> folder = Path(tempfile.mkdtemp())
         >>> _ = (folder / "tune.yaml").write_text("search_space:\\n  lr: {type: float, low: 1.0e-4, high: 1.0e-1}\\n")

@@ -31,6 +31,7 @@ def train_digits(lr: float = 1e-3, weight_decay: float = 1e-2, steps: int = 150,
     keeps torch's setting). Run more trials side by side instead.
 
     Example:
+        >>> from trainopt.hpo.digits import train_digits
         >>> val_loss, val_accuracy = train_digits(steps=60)
         >>> val_accuracy > 0.8
         True
@@ -68,6 +69,8 @@ def digits_objective(trial: optuna.Trial, params: dict[str, Any], steps: int = 1
     one, the trial is not pruned (Optuna can't prune a multi-objective study).
 
     Example:
+        >>> import optuna
+        >>> from trainopt.hpo.digits import digits_objective
         >>> trial = optuna.create_study().ask()
         >>> loss = digits_objective(trial, {"lr": 3e-3}, steps=30, report_every=10)
         >>> sorted(trial.study.trials[0].intermediate_values), loss < 1.0

@@ -27,6 +27,9 @@ def quiet_experimental() -> Iterator[None]:
     """Ignore Optuna's ``ExperimentalWarning`` inside the block, and nothing else.
 
     Example:
+        >>> import optuna
+        >>> import warnings
+        >>> from trainopt.hpo.plots import quiet_experimental
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")
         ...     with quiet_experimental():
@@ -54,6 +57,8 @@ def plot_history(study: optuna.Study) -> Figure:
     """Objective value per trial and the best so far (single-objective studies).
 
     Example:
+        >>> import optuna
+        >>> from trainopt.hpo.plots import plot_history
         >>> study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
         >>> study.optimize(lambda trial: trial.suggest_float("x", -1, 1) ** 2, n_trials=5)
         >>> plot_history(study).axes[0].get_title()
@@ -66,6 +71,8 @@ def plot_importances(study: optuna.Study) -> Figure:
     """How much of the objective's variance each hyperparameter explains (fANOVA).
 
     Example:
+        >>> import optuna
+        >>> from trainopt.hpo.plots import plot_importances
         >>> study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
         >>> study.optimize(lambda trial: trial.suggest_float("x", -1, 1) ** 2 + 0.01 * trial.suggest_float("y", -1, 1),
         ...                n_trials=30)
@@ -81,6 +88,8 @@ def plot_intermediate(study: optuna.Study) -> Figure:
     """The reported learning curve of every trial: pruned ones stop early.
 
     Example:
+        >>> import optuna
+        >>> from trainopt.hpo.plots import plot_intermediate
         >>> study = optuna.create_study()
         >>> study.add_trial(optuna.trial.create_trial(
         ...     value=0.5, params={"x": 0.1}, distributions={"x": optuna.distributions.FloatDistribution(0, 1)},
@@ -95,6 +104,8 @@ def plot_pareto(study: optuna.Study, target_names: list[str] | None = None) -> F
     """The trade-off between two objectives; the Pareto-optimal trials are highlighted.
 
     Example:
+        >>> import optuna
+        >>> from trainopt.hpo.plots import plot_pareto
         >>> study = optuna.create_study(directions=["minimize", "minimize"])
         >>> study.optimize(lambda trial: (x := trial.suggest_float("x", 0, 1), (1 - x) ** 2), n_trials=6)
         >>> plot_pareto(study, target_names=["loss", "size"]).axes[0].get_ylabel()
@@ -107,6 +118,8 @@ def save_plots(study: optuna.Study, out_dir: str | Path) -> list[Path]:
     """Write the plots that fit the study as PNG files into ``out_dir``; return their paths.
 
     Example:
+        >>> import optuna
+        >>> from trainopt.hpo.plots import save_plots
         >>> import tempfile
         >>> study = optuna.create_study(study_name="doc")
         >>> study.optimize(lambda trial: trial.suggest_float("x", -1, 1) ** 2, n_trials=3)
@@ -143,6 +156,7 @@ def demo_study(objectives: tuple[str, ...] = ("val_loss",), n_trials: int = 16, 
     loss against parameter count, TPE, no pruning.
 
     Example:
+        >>> from trainopt.hpo.plots import demo_study
         >>> study = demo_study()
         >>> len(study.trials), {trial.state.name for trial in study.trials} <= {"COMPLETE", "PRUNED"}
         (16, True)
@@ -180,6 +194,7 @@ def demo_figure(plot: str = "history") -> Figure:
     """One plot of a :func:`demo_study` (the hyperparameter-optimization page's figures).
 
     Example:
+        >>> from trainopt.hpo.plots import demo_figure
         >>> fig = demo_figure("intermediate")
         >>> fig.axes[0].get_xlabel()
         'Step'

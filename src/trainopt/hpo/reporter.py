@@ -11,6 +11,9 @@ class TrialDiverged(Exception):
     """The trial's metric became NaN or infinite: the study records the trial as failed.
 
     Example:
+        >>> import optuna
+        >>> from trainopt.hpo import TrialDiverged
+        >>> from trainopt.hpo import TrialReporter
         >>> reporter = TrialReporter(optuna.create_study().ask(), report_every=1)
         >>> try:
         ...     reporter.report(float("nan"), step=3)
@@ -36,6 +39,8 @@ class TrialReporter:
             can't prune).
 
     Example:
+        >>> import optuna
+        >>> from trainopt.hpo import TrialReporter
         >>> study = optuna.create_study(pruner=optuna.pruners.ThresholdPruner(upper=1.0))
         >>> reporter = TrialReporter(study.ask(), report_every=10)
         >>> [step for step in range(30) if reporter.due(step)]

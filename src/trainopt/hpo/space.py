@@ -6,7 +6,7 @@ A search space maps each hyperparameter to a spec:
 - ``{type: int, low: 32, high: 256, step: 32}`` (optionally ``log``),
 - ``{type: categorical, choices: [adamw, sgd]}``.
 
-Bad specs raise :class:`trainopt.config.ConfigError` naming the dotted field and what is allowed.
+Bad specs raise :class:`trainopt.config.training.ConfigError` naming the dotted field and what is allowed.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ ALLOWED_KEYS = {
 
 
 def _config_error(field: str, message: str) -> Exception:
-    """A :class:`trainopt.config.ConfigError` for the dotted ``field``."""
-    from trainopt.config import ConfigError  # the package's one config error, shared by all configs
+    """A :class:`trainopt.config.training.ConfigError` for the dotted ``field``."""
+    from trainopt.config.training import ConfigError  # the package's one config error, shared by all configs
 
     return ConfigError(field, message)
 
@@ -67,6 +67,7 @@ class ParamSpec:
         choices: The values of a categorical parameter.
 
     Example:
+        >>> from trainopt.hpo import ParamSpec
         >>> ParamSpec.from_dict("lr", {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}).distribution()
         FloatDistribution(high=0.1, log=True, low=0.0001, step=None)
     """
@@ -160,6 +161,8 @@ class SearchSpace(dict[str, ParamSpec]):
     """A validated search space: parameter name -> :class:`ParamSpec`, in declaration order.
 
     Example:
+        >>> import optuna
+        >>> from trainopt.hpo import SearchSpace
         >>> space = SearchSpace.from_dict({
         ...     "lr": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True},
         ...     "hidden": {"type": "int", "low": 32, "high": 128, "step": 32},
@@ -211,6 +214,7 @@ def load_search_space(source: str | Path | Mapping[str, Any], key: str | None = 
         key: Top-level key that holds the space (``None``: the whole document is the space).
 
     Example:
+        >>> from trainopt.hpo import load_search_space
         >>> space = load_search_space({"search_space": {"wd": {"type": "float", "low": 1e-5, "high": 1e-1, "log": True}}})
         >>> space["wd"].log, space["wd"].high
         (True, 0.1)
@@ -233,6 +237,8 @@ def params_at_edge(params: Mapping[str, Any], space: SearchSpace, margin: float 
     where the parameter is log-scaled.
 
     Example:
+        >>> from trainopt.hpo import SearchSpace
+        >>> from trainopt.hpo import params_at_edge
         >>> space = SearchSpace.from_dict({"lr": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}})
         >>> params_at_edge({"lr": 0.09}, space), params_at_edge({"lr": 3e-3}, space)
         ({'lr': 'high'}, {})
@@ -257,13 +263,14 @@ def lr_bounds_from_finder(finder_or_lr: Any, below: float = 10.0, above: float =
     """Learning-rate bounds around an LR range test's suggestion: ``(lr / below, lr * above)``.
 
     Args:
-        finder_or_lr: A :class:`trainopt.lr_finder.LearningRateFinder` after ``find_lr`` (its
+        finder_or_lr: A :class:`trainopt.schedules.finder.LearningRateFinder` after ``find_lr`` (its
             ``suggest_lr()`` is used), or the suggested learning rate itself.
         below: How far under the suggestion the range starts.
         above: How far over it the range ends (the range test's steepest point is already
             close to where training diverges, so the upper margin is smaller).
 
     Example:
+        >>> from trainopt.hpo import lr_bounds_from_finder
         >>> low, high = lr_bounds_from_finder(3e-3)
         >>> f"{low:.1e} {high:.1e}"
         '3.0e-04 9.0e-03'
@@ -281,6 +288,8 @@ def seed_lr_range(space: SearchSpace, finder_or_lr: Any, name: str = "lr", below
     """A copy of ``space`` whose learning-rate range comes from an LR range test.
 
     Example:
+        >>> from trainopt.hpo import SearchSpace
+        >>> from trainopt.hpo import seed_lr_range
         >>> space = SearchSpace.from_dict({"lr": {"type": "float", "low": 1e-5, "high": 1.0, "log": True}})
         >>> seeded = seed_lr_range(space, 3e-3)
         >>> f'{seeded["lr"].low:.1e} {seeded["lr"].high:.1e}', seeded["lr"].log

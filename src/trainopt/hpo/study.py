@@ -41,6 +41,7 @@ def make_sampler(name: str, seed: int | None = None,
     - ``"grid"``: every combination of ``space`` (each parameter needs choices or a step).
 
     Example:
+        >>> from trainopt.hpo import make_sampler
         >>> type(make_sampler("qmc", seed=0)).__name__
         'QMCSampler'
     """
@@ -84,6 +85,7 @@ def make_pruner(name: str | None, n_startup_trials: int = 4, n_warmup_steps: int
             is the first rung's budget (``min_resource``).
 
     Example:
+        >>> from trainopt.hpo import make_pruner
         >>> type(make_pruner("hyperband")).__name__, type(make_pruner(None)).__name__
         ('HyperbandPruner', 'NopPruner')
     """
@@ -110,6 +112,7 @@ def open_storage(url: str | Path) -> optuna.storages.BaseStorage:
     - ``:memory:``: in this process only (gone when it exits).
 
     Example:
+        >>> from trainopt.hpo import open_storage
         >>> type(open_storage("journal:/tmp/trainopt-doctest.log")).__name__
         'JournalStorage'
     """
@@ -169,6 +172,7 @@ def create_study(study_name: str, n_trials: int, storage: str | Path | None = No
         space: The search space (needed by the grid sampler).
 
     Example:
+        >>> from trainopt.hpo import create_study
         >>> study = create_study("doc", 3, ":memory:", sampler="random")
         >>> [trial.state.name for trial in study.trials]
         ['WAITING', 'WAITING', 'WAITING']
@@ -214,6 +218,9 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, obje
     on. Any other exception is recorded as FAIL with its reason, then raised: it is a bug.
 
     Example:
+        >>> import optuna
+        >>> from trainopt.hpo import run_trial
+        >>> from trainopt.hpo.space import SearchSpace
         >>> study = optuna.create_study()
         >>> space = SearchSpace.from_dict({"x": {"type": "float", "low": 0.0, "high": 1.0}})
         >>> run_trial(study, study.ask(), space, lambda trial, params: float("nan")).name
@@ -255,6 +262,9 @@ def run_worker(study: optuna.Study, space: SearchSpace, objective: Objective,
     shared sequence.
 
     Example:
+        >>> from trainopt.hpo import create_study
+        >>> from trainopt.hpo import run_worker
+        >>> from trainopt.hpo.space import SearchSpace
         >>> study = create_study("doc-worker", 3, ":memory:", sampler="random", pruner=None)
         >>> space = SearchSpace.from_dict({"x": {"type": "float", "low": 0.0, "high": 1.0}})
         >>> run_worker(study, space, lambda trial, params: params["x"])
@@ -315,6 +325,8 @@ def tune(objective: Objective, space: SearchSpace, n_trials: int, *, study_name:
         front of several).
 
     Example:
+        >>> from trainopt.hpo import tune
+        >>> from trainopt.hpo.space import SearchSpace
         >>> space = SearchSpace.from_dict({"x": {"type": "float", "low": 0.0, "high": 1.0}})
         >>> study = tune(lambda trial, params: (params["x"] - 0.3) ** 2, space, 8, storage=":memory:",
         ...              sampler="qmc", pruner=None)
@@ -331,6 +343,9 @@ def best_trials_text(study: optuna.Study) -> str:
     """A short text summary of the best trial (or the Pareto front) and the trial counts.
 
     Example:
+        >>> from trainopt.hpo import best_trials_text
+        >>> from trainopt.hpo import tune
+        >>> from trainopt.hpo.space import SearchSpace
         >>> space = SearchSpace.from_dict({"x": {"type": "categorical", "choices": [1, 2]}})
         >>> study = tune(lambda trial, params: params["x"], space, 2, study_name="doc-text", storage=":memory:",
         ...              sampler="grid", pruner=None)

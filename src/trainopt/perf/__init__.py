@@ -1,17 +1,55 @@
-"""Performance tools: precision, memory, profiling, monitoring, benchmarks and distributed training.
+"""Performance: the code of the Advanced Performance pages.
 
-Each submodule holds one concept:
-
-- :mod:`trainopt.perf.precision` sets up fp32, tf32, bf16 or fp16 (autocast, TF32 matmul
-  settings, a loss scaler only for fp16).
-- :mod:`trainopt.perf.memory` applies activation checkpointing, reports memory per phase of a
-  step, estimates training memory and records CUDA memory snapshots.
-- :mod:`trainopt.perf.profiling` wraps :mod:`torch.profiler` and times steps with CUDA events.
-- :mod:`trainopt.perf.throughput` tracks tokens/s, step-time percentiles, MFU and memory.
-- :mod:`trainopt.perf.experiments` measures all of the above on the reference GPT.
-- :mod:`trainopt.perf.bench` runs benchmark matrices (``python -m trainopt.bench``);
-  :mod:`trainopt.perf.bench_report` renders their results; :mod:`trainopt.perf.stability_bench`
-  measures the cost of the stability stack.
-- :mod:`trainopt.perf.distributed` wraps DDP and FSDP2 and launches local process groups;
-  :mod:`trainopt.perf.distributed_consistency` keeps decisions the same on every rank.
+- :mod:`~trainopt.perf.precision`: fp32, tf32, bf16 or fp16 by one name (mixed precision page).
+- :mod:`~trainopt.perf.memory` and :mod:`~trainopt.perf.estimate`: activation checkpointing,
+  memory per phase, snapshots, and the memory estimate (memory page).
+- :mod:`~trainopt.perf.profiling`: torch.profiler and step timing (profiling page).
+- :mod:`~trainopt.perf.throughput`: tokens/s, step-time percentiles, MFU and alerts (monitoring page).
+- :mod:`trainopt.perf.distributed`: DDP, FSDP2, rank agreement and the distributed page's checks.
+- :mod:`trainopt.perf.bench`: the benchmark harness, its results files and its command line
+  (benchmarking page).
 """
+
+from trainopt.perf.estimate import (
+    MemoryEstimate,
+    bytes_per_parameter,
+    estimate_training_memory,
+    gpt_activation_bytes,
+)
+from trainopt.perf.memory import (
+    MemoryTracker,
+    PhaseMemory,
+    allocator_settings,
+    apply_activation_checkpointing,
+    expandable_segments_in_use,
+    record_memory_history,
+    remove_activation_checkpointing,
+    saved_activation_bytes,
+)
+from trainopt.perf.precision import (
+    PRECISIONS,
+    MatmulSettings,
+    Precision,
+    PrecisionNotSupportedError,
+    check_supported,
+    make_scaler,
+    supported_precisions,
+)
+from trainopt.perf.profiling import StepProfiler, StepTimer, percentile, profile_steps, summarize
+from trainopt.perf.throughput import (
+    MemoryNearLimitAlert,
+    ThroughputDropAlert,
+    ThroughputMonitor,
+    mfu,
+    read_jsonl,
+)
+
+__all__ = [
+    "PRECISIONS", "MatmulSettings", "MemoryEstimate", "MemoryNearLimitAlert", "MemoryTracker",
+    "PhaseMemory", "Precision", "PrecisionNotSupportedError", "StepProfiler", "StepTimer",
+    "ThroughputDropAlert", "ThroughputMonitor", "allocator_settings", "apply_activation_checkpointing",
+    "bytes_per_parameter", "check_supported", "estimate_training_memory", "expandable_segments_in_use",
+    "gpt_activation_bytes", "make_scaler", "mfu", "percentile", "profile_steps", "read_jsonl",
+    "record_memory_history", "remove_activation_checkpointing", "saved_activation_bytes",
+    "summarize", "supported_precisions",
+]

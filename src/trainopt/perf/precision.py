@@ -6,7 +6,7 @@
 - the float32 matmul setting (``"highest"`` keeps true fp32; ``"high"`` lets CUDA use TF32),
   applied and restored by :meth:`Precision.matmul_settings`,
 - a loss scaler only for ``fp16``, whose five exponent bits underflow small gradients
-  (:class:`trainopt.scaling.DynamicLossScaler` by default, ``torch.amp.GradScaler`` with
+  (:class:`trainopt.stability.scaling.DynamicLossScaler` by default, ``torch.amp.GradScaler`` with
   ``scaler="torch"``: the same interface); ``bf16`` has fp32's exponent range and needs none.
 
 It checks the hardware first and says what is allowed when the choice can't run:
@@ -40,6 +40,8 @@ class PrecisionNotSupportedError(RuntimeError):
     A ``RuntimeError``; its message names the precisions the device allows.
 
     Example:
+        >>> from trainopt.perf import Precision
+        >>> from trainopt.perf import PrecisionNotSupportedError
         >>> try:
         ...     Precision.from_name("tf32", "cpu")
         ... except PrecisionNotSupportedError as err:
@@ -58,6 +60,8 @@ class MatmulSettings:
         cudnn_allow_tf32: ``torch.backends.cudnn.allow_tf32`` (convolutions).
 
     Example:
+        >>> import torch
+        >>> from trainopt.perf import MatmulSettings
         >>> before = MatmulSettings.current()
         >>> MatmulSettings("high", True).apply()
         >>> torch.get_float32_matmul_precision()
@@ -90,6 +94,8 @@ def check_supported(name: str, device: str | torch.device = "cpu") -> None:
             the device and the precisions the device allows.
 
     Example:
+        >>> from trainopt.perf import PrecisionNotSupportedError
+        >>> from trainopt.perf import check_supported
         >>> check_supported("bf16", "cpu")  # bf16 autocast runs on a CPU
         >>> try:
         ...     check_supported("fp16", "cpu")
@@ -113,6 +119,7 @@ def supported_precisions(device: str | torch.device = "cpu") -> list[str]:
     """The precisions that can run on ``device``, in the order of :data:`PRECISIONS`.
 
     Example:
+        >>> from trainopt.perf import supported_precisions
         >>> supported_precisions("cpu")
         ['fp32', 'bf16']
     """
@@ -138,10 +145,11 @@ def _unsupported_reason(name: str, device: torch.device) -> str | None:
 
 
 def make_scaler(kind: str, device_type: str, init_scale: float = 2.0**16) -> Any:
-    """A dynamic loss scaler: ``"trainopt"`` (:class:`~trainopt.scaling.DynamicLossScaler`)
+    """A dynamic loss scaler: ``"trainopt"`` (:class:`~trainopt.stability.scaling.DynamicLossScaler`)
     or ``"torch"`` (``torch.amp.GradScaler``); both have GradScaler's interface.
 
     Example:
+        >>> from trainopt.perf import make_scaler
         >>> make_scaler("torch", "cpu", init_scale=8.0).get_scale()
         8.0
         >>> type(make_scaler("trainopt", "cpu")).__name__
@@ -151,7 +159,7 @@ def make_scaler(kind: str, device_type: str, init_scale: float = 2.0**16) -> Any
         raise ValueError(f"scaler must be one of {list(SCALERS)}, got {kind!r}")
     if kind == "torch":
         return torch.amp.GradScaler(device_type, init_scale=init_scale)
-    from trainopt.scaling import DynamicLossScaler
+    from trainopt.stability.scaling import DynamicLossScaler
 
     return DynamicLossScaler(init_scale=init_scale)
 
@@ -187,6 +195,8 @@ class Precision:
         scaler: A dynamic loss scaler for ``fp16`` (see :func:`make_scaler`), else ``None``.
 
     Example:
+        >>> import torch
+        >>> from trainopt.perf import Precision
         >>> model = torch.nn.Linear(4, 1)
         >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         >>> precision = Precision.from_name("bf16", "cpu")
@@ -217,7 +227,7 @@ class Precision:
                 ``"bf16"`` or ``"fp16"`` (autocast; weights and optimizer stay fp32).
             device: The device the model trains on.
             init_scale: First loss scale of the fp16 scaler.
-            scaler: ``"trainopt"`` (:class:`~trainopt.scaling.DynamicLossScaler`) or
+            scaler: ``"trainopt"`` (:class:`~trainopt.stability.scaling.DynamicLossScaler`) or
                 ``"torch"`` (``torch.amp.GradScaler``); used for fp16 only.
 
         Raises:
@@ -225,6 +235,8 @@ class Precision:
             PrecisionNotSupportedError: the device can't run ``name``.
 
         Example:
+            >>> import torch
+            >>> from trainopt.perf import Precision
             >>> p = Precision.from_name("bf16", "cpu")
             >>> with p.autocast():
             ...     y = torch.nn.Linear(4, 4)(torch.randn(2, 4))
@@ -252,6 +264,8 @@ class Precision:
         """Apply this precision's float32 matmul settings; restore the previous ones on exit.
 
         Example:
+            >>> import torch
+            >>> from trainopt.perf import Precision
             >>> before = torch.get_float32_matmul_precision()
             >>> with Precision.from_name("fp32").matmul_settings():
             ...     inside = torch.get_float32_matmul_precision()

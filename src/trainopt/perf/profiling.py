@@ -29,6 +29,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0–100) with linear interpolation, as ``numpy.percentile``.
 
     Example:
+        >>> from trainopt.perf import percentile
         >>> percentile([1.0, 2.0, 3.0, 4.0], 50), percentile([5.0], 90)
         (2.5, 5.0)
     """
@@ -46,6 +47,7 @@ def summarize(times_ms: Sequence[float]) -> dict[str, float]:
     """Count, mean, median, p10, p90 and p99 of step times in milliseconds.
 
     Example:
+        >>> from trainopt.perf import summarize
         >>> summarize([10.0, 12.0, 11.0])["median_ms"]
         11.0
     """
@@ -68,6 +70,8 @@ class StepTimer:
     cuDNN/cuBLAS autotuning, lazy optimizer state) are dropped.
 
     Example:
+        >>> import torch
+        >>> from trainopt.perf import StepTimer
         >>> timer = StepTimer("cpu", warmup=1)
         >>> for _ in range(4):
         ...     with timer.step():
@@ -126,6 +130,7 @@ class OperatorStat:
     :meth:`StepProfiler.top_operators` returns these.
 
     Example:
+        >>> from trainopt.perf.profiling import OperatorStat
         >>> stat = OperatorStat("aten::mm", calls=54, self_cpu_us=864.0, self_device_us=0.0)
         >>> stat.name, stat.self_cpu_us / stat.calls
         ('aten::mm', 16.0)
@@ -147,6 +152,8 @@ class StepProfiler:
     ``chrome://tracing`` or https://ui.perfetto.dev.
 
     Example:
+        >>> import torch
+        >>> from trainopt.perf import StepProfiler
         >>> model = torch.nn.Linear(32, 32)
         >>> with StepProfiler("cpu", wait=1, warmup=1, active=2) as prof:
         ...     for _ in range(prof.total_steps):
@@ -235,6 +242,8 @@ def profile_steps(step_fn: Callable[[], Any], device: str | torch.device = "cpu"
     """Run ``step_fn`` under a :class:`StepProfiler` for its full schedule and return it.
 
     Example:
+        >>> import torch
+        >>> from trainopt.perf import profile_steps
         >>> model = torch.nn.Linear(16, 16)
         >>> prof = profile_steps(lambda: model(torch.randn(4, 16)).sum().backward(), active=2)
         >>> "aten::addmm" in prof.table()

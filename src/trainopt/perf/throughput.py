@@ -42,6 +42,7 @@ def device_key(device_name: str) -> str | None:
     """Map a ``torch.cuda.get_device_name()`` string to a key of :data:`DEVICE_PEAK_FLOPS`.
 
     Example:
+        >>> from trainopt.perf.throughput import device_key
         >>> device_key("NVIDIA H100 80GB HBM3"), device_key("NVIDIA H100 PCIe"), device_key("Tesla T4")
         ('H100 SXM', 'H100 PCIe', None)
     """
@@ -59,6 +60,7 @@ def device_peak_flops(device_name: str, precision: str) -> float | None:
     """Dense peak FLOP/s of a device for a precision, or ``None`` if it is not in the table.
 
     Example:
+        >>> from trainopt.perf.throughput import device_peak_flops
         >>> device_peak_flops("NVIDIA H100 80GB HBM3", "bf16") / 1e12
         989.4
     """
@@ -74,6 +76,7 @@ def mfu(flops_per_token: float, tokens_per_second: float, peak: float) -> float:
     """Model FLOPs utilisation: achieved model FLOP/s over the device's peak.
 
     Example:
+        >>> from trainopt.perf import mfu
         >>> round(mfu(1e9, 2e5, 989.4e12), 4)
         0.2021
     """
@@ -87,6 +90,7 @@ class ThroughputDropAlert:
     """Fire when tokens/s falls below ``fraction`` × the best window seen so far.
 
     Example:
+        >>> from trainopt.perf import ThroughputDropAlert
         >>> alert = ThroughputDropAlert(fraction=0.8)
         >>> history = [{"step": 10, "tokens_per_s": 1000.0}]
         >>> alert({"step": 20, "tokens_per_s": 900.0}, history) is None
@@ -111,6 +115,7 @@ class MemoryNearLimitAlert:
     (default: the CUDA device's total memory).
 
     Example:
+        >>> from trainopt.perf import MemoryNearLimitAlert
         >>> alert = MemoryNearLimitAlert(fraction=0.9, limit_bytes=8 * 2**30)
         >>> alert({"step": 5, "memory_peak_bytes": 4 * 2**30}, []) is None
         True
@@ -133,6 +138,8 @@ def warn_alert(message: str) -> None:
     """Default alert handler: a ``RuntimeWarning``.
 
     Example:
+        >>> import warnings
+        >>> from trainopt.perf.throughput import warn_alert
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")
         ...     warn_alert("throughput dropped")
@@ -163,6 +170,8 @@ class ThroughputMonitor:
         on_alert: Called with each alert message (default: a ``RuntimeWarning``).
 
     Example:
+        >>> import torch
+        >>> from trainopt.perf import ThroughputMonitor
         >>> monitor = ThroughputMonitor(tokens_per_step=1024, flops_per_token=1e6,
         ...                             peak_flops=1e12, log_every=2)
         >>> for _ in range(5):
@@ -295,6 +304,9 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Read the records a monitor wrote to ``path``.
 
     Example:
+        >>> from pathlib import Path
+        >>> from trainopt.perf import ThroughputMonitor
+        >>> from trainopt.perf import read_jsonl
         >>> import tempfile
         >>> with tempfile.TemporaryDirectory() as tmp:
         ...     monitor = ThroughputMonitor(256, log_every=2, jsonl_path=Path(tmp, "throughput.jsonl"))

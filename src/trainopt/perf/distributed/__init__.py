@@ -1,0 +1,41 @@
+"""Data-parallel training on ``torch.distributed``: the code of the Distributed Training page.
+
+Everything here calls torch's own machinery; nothing sends bytes by itself.
+
+- :mod:`~trainopt.perf.distributed.processes`: start local process groups (gloo on a CPU, NCCL
+  on GPUs) the way ``torchrun`` would.
+- :mod:`~trainopt.perf.distributed.ddp`: ``DistributedDataParallel`` with its buckets and
+  communication hooks, and gradient sync on/off for accumulation.
+- :mod:`~trainopt.perf.distributed.fsdp`: FSDP2 sharding and the ZeRO memory formula.
+- :mod:`~trainopt.perf.distributed.agreement`: decisions that must be the same on every rank.
+- :mod:`~trainopt.perf.distributed.checks` and :mod:`~trainopt.perf.distributed.compression`:
+  the page's multi-process checks (demonstrations), run by ``python -m trainopt.perf.distributed``.
+"""
+
+from trainopt.perf.distributed.agreement import (
+    GradientScaleError,
+    any_rank,
+    broadcast_from_rank0,
+    check_gradient_scale,
+    gradient_scale,
+    is_main_process,
+    nonfinite_flag,
+    step_unless_any_rank_nonfinite,
+)
+from trainopt.perf.distributed.ddp import CommCounter, gradient_sync, register_comm_hook, wrap_ddp
+from trainopt.perf.distributed.fsdp import fsdp2_available, memory_per_rank, shard_model
+from trainopt.perf.distributed.processes import (
+    WorkerError,
+    launch,
+    rank_and_world_size,
+    rank_device,
+    single_process_group,
+)
+
+__all__ = [
+    "CommCounter", "GradientScaleError", "WorkerError", "any_rank", "broadcast_from_rank0",
+    "check_gradient_scale", "fsdp2_available", "gradient_scale", "gradient_sync", "is_main_process",
+    "launch", "memory_per_rank", "nonfinite_flag", "rank_and_world_size", "rank_device",
+    "register_comm_hook", "shard_model", "single_process_group", "step_unless_any_rank_nonfinite",
+    "wrap_ddp",
+]

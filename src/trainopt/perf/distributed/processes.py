@@ -1,0 +1,194 @@
+"""Start and join local process groups: one process per rank, errors reported with their rank."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+class WorkerError(RuntimeError):
+    """A function run by :func:`launch` raised on one rank; the message names the rank.
+
+    Example:
+        >>> from trainopt.perf.distributed import WorkerError
+        >>> error = WorkerError(1, "ValueError: bad batch")
+        >>> error.rank, str(error).splitlines()
+        (1, ['rank 1 failed:', 'ValueError: bad batch'])
+    """
+
+    def __init__(self, rank: int, message: str) -> None:
+        super().__init__(f"rank {rank} failed:\n{message}")
+        self.rank = rank
+
+
+def default_backend(nprocs: int) -> str:
+    """``"nccl"`` when there is one CUDA device per process, else ``"gloo"`` (CPU).
+
+    Example:
+        >>> from trainopt.perf.distributed.processes import default_backend
+        >>> default_backend(1) in ("gloo", "nccl")
+        True
+    """
+    if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that was free a moment ago (the OS picks it).
+
+    Example:
+        >>> from trainopt.perf.distributed.processes import free_port
+        >>> 0 < free_port() < 65536
+        True
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank_device() -> torch.device:
+    """The device of this rank: ``cuda:<LOCAL_RANK>`` under NCCL, else the CPU.
+
+    Example:
+        >>> from trainopt.perf.distributed import rank_device
+        >>> from trainopt.perf.distributed import single_process_group
+        >>> with single_process_group("gloo"):
+        ...     rank_device()
+        device(type='cpu')
+    """
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def single_process_group(backend: str = "gloo") -> Iterator[None]:
+    """A process group of this one process (world size 1): run distributed code without spawning.
+
+    Handy to step through DDP or FSDP2 code in a debugger, and for quick checks.
+
+    Example:
+        >>> import torch.distributed as dist
+        >>> from trainopt.perf.distributed import rank_and_world_size
+        >>> from trainopt.perf.distributed import single_process_group
+        >>> with single_process_group():
+        ...     rank_and_world_size()
+        (0, 1)
+        >>> dist.is_initialized()
+        False
+    """
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialised in this process")
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_rank(rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, port: int,
+              backend: str, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs))
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    else:  # as torchrun does: N processes must not each start one thread per core
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))
+    dist.init_process_group(backend, init_method="env://")
+    try:
+        result = fn(*args)
+        torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+        dist.barrier()  # leave together: a rank that tears down early can abort a peer's gloo
+    except BaseException:
+        # Other ranks fail next (a peer vanished mid-collective): keep the time to find the first.
+        (Path(out_dir) / f"rank{rank}.error").write_text(f"{time.time()!r}\n{traceback.format_exc()}")
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def _first_error(out_dir: str) -> WorkerError | None:
+    errors = []
+    for path in Path(out_dir).glob("rank*.error"):
+        stamp, _, message = path.read_text().partition("\n")
+        errors.append((float(stamp), int(path.stem[4:]), message))
+    if not errors:
+        return None
+    _, rank, message = min(errors)
+    return WorkerError(rank, message)
+
+
+def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None = None) -> list[Any]:
+    """Run ``fn(*args)`` on ``nprocs`` local processes joined in one process group.
+
+    Each process gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+    ``MASTER_PORT`` (a free loopback port) in its environment, as ``torchrun`` sets them, and
+    joins the default group with ``init_method="env://"``. ``fn`` must be importable (defined
+    in a module, not in ``__main__`` or a notebook), because the processes are spawned. Its
+    result must be made of tensors, numbers, strings, lists and dicts.
+
+    Args:
+        fn: The function each rank runs; it reads its rank from ``torch.distributed``.
+        nprocs: Number of processes (the world size), at least 1.
+        *args: Passed to ``fn`` on every rank.
+        backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per process); ``None`` picks
+            :func:`default_backend`.
+
+    Returns:
+        The results of ``fn``, indexed by rank.
+
+    Raises:
+        WorkerError: ``fn`` raised on some rank; the message names the rank that failed
+            first and has its traceback. The other ranks are stopped.
+
+    Example:
+        >>> from trainopt.perf.distributed import launch
+        >>> from trainopt.perf.distributed import rank_and_world_size
+        >>> launch(rank_and_world_size, 2)
+        [(0, 2), (1, 2)]
+    """
+    if not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"nprocs must be a positive int, got {nprocs=}")
+    backend = backend or default_backend(nprocs)
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {backend=}")
+    if backend == "nccl" and torch.cuda.device_count() < nprocs:
+        raise ValueError(f"backend='nccl' needs one GPU per process: {nprocs=}, "
+                         f"{torch.cuda.device_count()} visible")
+    with tempfile.TemporaryDirectory(prefix="trainopt-launch-") as out_dir:
+        try:
+            mp.start_processes(_run_rank, args=(fn, args, nprocs, free_port(), backend, out_dir),
+                               nprocs=nprocs, join=True, start_method="spawn")
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+            error = _first_error(out_dir)
+            finished = all((Path(out_dir) / f"rank{r}.pt").exists() for r in range(nprocs))
+            if error is not None or not finished:
+                raise error or WorkerError(exc.error_index, str(exc)) from None
+            warnings.warn(f"every rank returned its result, then: {exc}", RuntimeWarning, stacklevel=2)
+        return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=True) for r in range(nprocs)]
+
+
+def rank_and_world_size() -> tuple[int, int]:
+    """``(rank, world_size)`` of the calling process: the smallest function to :func:`launch`.
+
+    Example:
+        >>> from trainopt.perf.distributed import rank_and_world_size
+        >>> from trainopt.perf.distributed import single_process_group
+        >>> with single_process_group():
+        ...     rank_and_world_size()
+        (0, 1)
+    """
+    return dist.get_rank(), dist.get_world_size()

@@ -1,0 +1,41 @@
+"""Training stability: the code of the Training Stability page.
+
+- :mod:`~trainopt.stability.clipping`: gradient clipping by global norm, by history, unit-wise.
+- :mod:`~trainopt.stability.scaling` and :mod:`~trainopt.stability.skip`: dynamic loss scaling
+  and skipping a step on the device.
+- :mod:`~trainopt.stability.monitors`, :mod:`~trainopt.stability.gradients` and
+  :mod:`~trainopt.stability.statistics`: loss and gradient monitors on robust statistics.
+- :mod:`~trainopt.stability.checkpoint` and :mod:`~trainopt.stability.rng`: crash-safe checkpoints.
+- :mod:`~trainopt.stability.recovery`: roll back and lower the learning rate.
+- :mod:`~trainopt.stability.stabilizer`: all of the above in one training step, with no host sync.
+- :mod:`~trainopt.stability.syncs`: count host-device synchronisations.
+- :mod:`~trainopt.stability.faults`: the page's fault-injection run (a demonstration).
+"""
+
+from trainopt.stability.checkpoint import CheckpointError, CheckpointManager
+from trainopt.stability.clipping import (
+    AdaptiveGradientClipper,
+    ZScoreClipper,
+    adaptive_clip_grad_,
+    clip_gradients,
+    clip_grads_with_norm_,
+    total_grad_norm,
+)
+from trainopt.stability.gradients import GradientMonitor, nonfinite_gradients
+from trainopt.stability.monitors import LossSpikeDetector, LossStabilityMonitor
+from trainopt.stability.recovery import TrainingInstabilityError, TrainingRecovery, scale_learning_rate
+from trainopt.stability.rng import get_rng_state, set_rng_state
+from trainopt.stability.scaling import DynamicLossScaler
+from trainopt.stability.skip import masked_step
+from trainopt.stability.stabilizer import StabilityChecker, TrainingStabilizer
+from trainopt.stability.statistics import nanmedian, robust_zscore
+from trainopt.stability.syncs import HostSyncCounter
+
+__all__ = [
+    "AdaptiveGradientClipper", "CheckpointError", "CheckpointManager", "DynamicLossScaler",
+    "GradientMonitor", "HostSyncCounter", "LossSpikeDetector", "LossStabilityMonitor",
+    "StabilityChecker", "TrainingInstabilityError", "TrainingRecovery", "TrainingStabilizer",
+    "ZScoreClipper", "adaptive_clip_grad_", "clip_gradients", "clip_grads_with_norm_",
+    "get_rng_state", "masked_step", "nanmedian", "nonfinite_gradients", "robust_zscore",
+    "scale_learning_rate", "set_rng_state", "total_grad_norm",
+]

@@ -1,0 +1,289 @@
+"""Automatic recovery from training instability: detect, roll back, lower the learning rate.
+
+:class:`TrainingRecovery` decides *whether* a run is unstable (a non-finite loss, a loss spike by
+robust z-score, a gradient-norm explosion), and *recovers*: it reloads the newest valid
+checkpoint through a :class:`~trainopt.stability.checkpoint.CheckpointManager`, multiplies the learning
+rate by ``lr_factor`` in a way the scheduler keeps (:func:`scale_learning_rate`), optionally
+skips the next batches, and gives up with :class:`TrainingInstabilityError` after
+``max_recovery_attempts``.
+
+It reads only host values (floats, or a report that a :class:`~trainopt.stability.stabilizer.StabilityChecker`
+produced with one sync), so it runs at the ``check_every`` boundaries, not inside the step.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from trainopt.stability.statistics import MAD_TO_SIGMA
+
+
+class TrainingInstabilityError(RuntimeError):
+    """Raised when training stays unstable after ``max_recovery_attempts`` rollbacks.
+
+    Example:
+        >>> import torch
+        >>> from trainopt.stability import TrainingInstabilityError
+        >>> from trainopt.stability import TrainingRecovery
+        >>> recovery = TrainingRecovery(torch.nn.Linear(2, 1), None, None)
+        >>> try:
+        ...     recovery.recover("non-finite loss")
+        ... except TrainingInstabilityError as error:
+        ...     print(error)
+        cannot recover from non-finite loss: no checkpoint_manager
+    """
+
+
+def scale_learning_rate(
+    optimizer: torch.optim.Optimizer, factor: float, scheduler: Any = None
+) -> None:
+    """Multiply the learning rate by ``factor`` so that the scheduler keeps the change.
+
+    A scheduler recomputes ``param_group["lr"]`` from its ``base_lrs`` on every ``step()``, so
+    halving ``param_group["lr"]`` alone (the seed's recovery) is undone one step later. This
+    scales ``scheduler.base_lrs``, each group's ``initial_lr`` (what a scheduler rebuilt from the
+    optimizer starts from) and the current ``lr`` together. Tensor learning rates are scaled in
+    place.
+
+    Args:
+        optimizer: The optimizer whose groups to scale.
+        factor: Positive multiplier (``0.5`` halves the learning rate).
+        scheduler: An ``torch.optim.lr_scheduler`` scheduler driving ``optimizer``, if any.
+
+    Example:
+        >>> import torch
+        >>> from trainopt.stability import scale_learning_rate
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
+        >>> scale_learning_rate(opt, 0.5, sched)
+        >>> opt.step(); sched.step()
+        >>> round(opt.param_groups[0]["lr"], 6)  # 0.1 * 0.5 / 2: the halving survived the step
+        0.025
+    """
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor < math.inf:
+        raise ValueError(f"factor must be a positive finite number, got {factor=}")
+    for index in range(len(optimizer.param_groups)):
+        _scale_group(optimizer, scheduler, index, factor)
+
+
+def _scale_group(optimizer: torch.optim.Optimizer, scheduler: Any, index: int, factor: float) -> None:
+    """Scale one group's rate where the scheduler and a rebuilt scheduler will read it too."""
+    if scheduler is not None and hasattr(scheduler, "base_lrs"):
+        scheduler.base_lrs[index] = scheduler.base_lrs[index] * factor
+        if hasattr(scheduler, "_last_lr"):
+            scheduler._last_lr[index] = scheduler._last_lr[index] * factor
+    group = optimizer.param_groups[index]
+    if "initial_lr" in group:
+        group["initial_lr"] = group["initial_lr"] * factor
+    if torch.is_tensor(group["lr"]):
+        group["lr"].mul_(factor)
+    else:
+        group["lr"] = group["lr"] * factor
+
+
+def _robust_z(value: float, window: Sequence[float], rel_floor: float = 1e-2) -> float:
+    finite = [x for x in window if math.isfinite(x)]
+    if not finite:
+        return math.nan
+    median = statistics.median(finite)
+    mad = statistics.median(abs(x - median) for x in finite)
+    scale = max(MAD_TO_SIGMA * mad, rel_floor * abs(median), 1e-8)
+    return (value - median) / scale
+
+
+class TrainingRecovery:
+    """Detect instability and roll back to the last good checkpoint with a lower learning rate.
+
+    Args:
+        model: The model to restore.
+        optimizer: The optimizer to restore (its state and learning rates).
+        checkpoint_manager: A :class:`~trainopt.stability.checkpoint.CheckpointManager`; only checkpoints
+            saved while training was stable should go in it (the stabilizer saves at stable
+            ``check_every`` boundaries only), so its newest valid checkpoint is a good one.
+        scheduler: The learning-rate scheduler, restored and scaled with the optimizer.
+        scaler: A loss scaler (``torch.amp.GradScaler`` interface) to restore, if any.
+        lr_factor: Learning-rate multiplier applied at each recovery (cumulative).
+        skip_batches: Batches to skip after a rollback (large runs skip the data around a spike).
+        max_recovery_attempts: Rollbacks allowed before :class:`TrainingInstabilityError`.
+        spike_threshold: Robust z-score above which a loss is a spike.
+        explosion_factor: Ratio to the median gradient norm that counts as an explosion.
+        min_history: Values needed before the spike and explosion tests apply.
+
+    Example:
+        >>> import torch
+        >>> from trainopt.stability import TrainingRecovery
+        >>> recovery = TrainingRecovery(torch.nn.Linear(2, 1), None, None)
+        >>> losses = [2.0 - 0.01 * i for i in range(30)]
+        >>> recovery.detect_instability(losses) is None
+        True
+        >>> recovery.detect_instability(losses + [25.0])
+        'loss spike (robust z=...)'
+        >>> recovery.detect_instability(losses + [float("nan")])
+        'non-finite loss'
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        checkpoint_manager: Any,
+        scheduler: Any = None,
+        scaler: Any = None,
+        lr_factor: float = 0.5,
+        skip_batches: int = 0,
+        max_recovery_attempts: int = 3,
+        spike_threshold: float = 6.0,
+        explosion_factor: float = 10.0,
+        min_history: int = 10,
+    ) -> None:
+        if not isinstance(lr_factor, (int, float)) or not 0 < lr_factor <= 1:
+            raise ValueError(f"lr_factor must be in (0, 1], got {lr_factor=}")
+        for name, value, low in (("skip_batches", skip_batches, 0),
+                                 ("max_recovery_attempts", max_recovery_attempts, 1),
+                                 ("min_history", min_history, 2)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {name}={value!r}")
+        for name, value in (("spike_threshold", spike_threshold), ("explosion_factor", explosion_factor)):
+            if not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a positive finite number, got {name}={value!r}")
+        self.model = model
+        self.optimizer = optimizer
+        self.checkpoint_manager = checkpoint_manager
+        self.scheduler = scheduler
+        self.scaler = scaler
+        self.lr_factor = float(lr_factor)
+        self.skip_batches = skip_batches
+        self.max_recovery_attempts = max_recovery_attempts
+        self.spike_threshold = float(spike_threshold)
+        self.explosion_factor = float(explosion_factor)
+        self.min_history = min_history
+        self.recovery_attempts = 0
+        self.lr_scale = 1.0
+        self.batches_to_skip = 0
+        self.history: list[dict[str, Any]] = []
+        self._reference_lrs = self._current_reference_lrs()
+
+    def _current_reference_lrs(self) -> list[float]:
+        if self.scheduler is not None and hasattr(self.scheduler, "base_lrs"):
+            return [float(lr) for lr in self.scheduler.base_lrs]
+        if self.optimizer is None:
+            return []
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    # -- detection (host values) --------------------------------------------------------------
+
+    def detect_instability(
+        self, losses: Sequence[float], grad_norms: Sequence[float] | None = None
+    ) -> str | None:
+        """Why the newest values look unstable, or ``None``.
+
+        The newest loss is tested against the ones before it: non-finite, or a robust z-score
+        above ``spike_threshold``. The newest gradient norm is tested against the median of
+        the ones before it (``explosion_factor`` times). A falling loss or gradient norm is
+        never unstable (the seed's "max > 10 × min" rule flagged those).
+        """
+        if losses:
+            last = float(losses[-1])
+            if not math.isfinite(last):
+                return "non-finite loss"
+            previous = [float(x) for x in losses[:-1]]
+            if len(previous) >= self.min_history:
+                z = _robust_z(last, previous)
+                if z > self.spike_threshold:
+                    return f"loss spike (robust z={z:.1f})"
+        if grad_norms:
+            last = float(grad_norms[-1])
+            if not math.isfinite(last):
+                return "non-finite gradient norm"
+            previous = [float(x) for x in grad_norms[:-1] if math.isfinite(x)]
+            if len(previous) >= self.min_history:
+                median = statistics.median(previous)
+                if last > self.explosion_factor * median:
+                    return f"gradient explosion ({last / median:.0f}x the median norm)"
+        return None
+
+    def check(self, report: Mapping[str, Any], max_flagged_steps: int = 3) -> str | None:
+        """Whether a :class:`~trainopt.stability.stabilizer.StabilityChecker` report calls for a rollback.
+
+        Isolated bad steps were already skipped on the device and never reached the weights, so
+        they need no rollback. A rollback is due when the weights themselves are non-finite, or
+        when ``max_flagged_steps`` or more steps of the last check window were flagged
+        (non-finite, spiking or exploding): the run has drifted, not hit one bad batch.
+        """
+        if not report.get("weights_finite", True):
+            return "non-finite weights"
+        flagged = int(report.get("flagged_steps", 0))
+        if flagged >= max_flagged_steps:
+            return f"{flagged} unstable steps in the last window ({', '.join(report.get('reasons', []))})"
+        return None
+
+    # -- recovery ------------------------------------------------------------------------------
+
+    def recover(self, reason: str = "instability") -> int:
+        """Roll back to the newest valid checkpoint, lower the learning rate; return its step.
+
+        Raises:
+            TrainingInstabilityError: After ``max_recovery_attempts`` recoveries, or when no
+                valid checkpoint exists.
+        """
+        if self.recovery_attempts >= self.max_recovery_attempts:
+            raise TrainingInstabilityError(
+                f"training is still unstable ({reason}) after max_recovery_attempts="
+                f"{self.max_recovery_attempts} rollbacks; lower the learning rate, tighten "
+                "clipping or inspect the data around the last spike"
+            )
+        if self.checkpoint_manager is None:
+            raise TrainingInstabilityError(f"cannot recover from {reason}: no checkpoint_manager")
+        # The random number generators move on: the rolled-back run sees new dropout masks and
+        # new batches rather than replaying the ones that led to the divergence.
+        restored = self.checkpoint_manager.load_latest(
+            self.model, self.optimizer, scheduler=self.scheduler, scaler=self.scaler, restore_rng=False
+        )
+        if restored is None:
+            raise TrainingInstabilityError(
+                f"cannot recover from {reason}: no valid checkpoint in {self.checkpoint_manager.save_dir}"
+            )
+        step, loss = restored
+        self.recovery_attempts += 1
+        self.lr_scale *= self.lr_factor
+        self._apply_lr_scale()
+        self.batches_to_skip = self.skip_batches
+        self.history.append({"reason": reason, "restored_step": int(step), "lr_scale": self.lr_scale})
+        return int(step)
+
+    def _apply_lr_scale(self) -> None:
+        """Set the learning rates to reference × lr_scale, whatever the checkpoint held."""
+        current = self._current_reference_lrs()
+        for i, (now, ref) in enumerate(zip(current, self._reference_lrs)):
+            if now <= 0:
+                continue
+            _scale_group(self.optimizer, self.scheduler, i, ref * self.lr_scale / now)
+
+    def should_skip_batch(self) -> bool:
+        """True while batches after a rollback remain to be skipped (counts one down per call)."""
+        if self.batches_to_skip > 0:
+            self.batches_to_skip -= 1
+            return True
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
+        return {
+            "recovery_attempts": self.recovery_attempts, "lr_scale": self.lr_scale,
+            "batches_to_skip": self.batches_to_skip, "reference_lrs": list(self._reference_lrs),
+            "history": [dict(h) for h in self.history],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.recovery_attempts = int(state["recovery_attempts"])
+        self.lr_scale = float(state["lr_scale"])
+        self.batches_to_skip = int(state["batches_to_skip"])
+        self._reference_lrs = [float(x) for x in state["reference_lrs"]]
+        self.history = [dict(h) for h in state["history"]]

@@ -1,0 +1,84 @@
+"""Robust statistics on the device: medians and MAD-based z-scores that need no host sync."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+MAD_TO_SIGMA = 1.4826
+
+
+"""``1 / Φ⁻¹(3/4)``: the median absolute deviation times this estimates σ for normal data."""
+
+
+def nanmedian(x: torch.Tensor) -> torch.Tensor:
+    """Median of the non-NaN entries of a 1-d tensor (mean of the two middle values), without a sync.
+
+    Sorting puts NaN last; the middle index comes from an on-device count of the non-NaN
+    entries and is read with ``gather``, so nothing is copied to the host (some torch builds'
+    ``nanmedian`` kernels read the count on the host). NaN when every entry is NaN.
+
+    Example:
+        >>> import torch
+        >>> from trainopt.stability import nanmedian
+        >>> nanmedian(torch.tensor([3.0, float("nan"), 1.0, 2.0, 10.0]))
+        tensor(2.5000)
+    """
+    ordered = torch.sort(x.reshape(-1)).values
+    count = (~torch.isnan(ordered)).sum()
+    last = max(ordered.numel() - 1, 0)
+    low = torch.div(count - 1, 2, rounding_mode="floor").clamp(0, last)
+    high = torch.div(count, 2, rounding_mode="floor").clamp(0, last)
+    middle = ordered.gather(0, torch.stack([low, high]))
+    return middle.mean()
+
+
+def robust_zscore(
+    value: torch.Tensor, window: torch.Tensor, rel_floor: float = 1e-2, abs_floor: float = 1e-8
+) -> torch.Tensor:
+    """Robust z-score of ``value`` against ``window``: ``(value - median) / (1.4826 · MAD)``.
+
+    NaN entries of ``window`` are ignored (:func:`nanmedian`), so a non-finite loss stored as
+    NaN never moves the statistics. The scale is floored at ``rel_floor · |median|`` and
+    ``abs_floor``: a window of identical values does not turn every wiggle into a spike. Unlike
+    the coefficient of variation ``std / mean``, the score is defined for zero and negative
+    losses, and one outlier in the window barely moves the median or the MAD.
+
+    Args:
+        value: The new observation (0-d tensor).
+        window: Past observations (1-d tensor, may hold NaN for "missing").
+        rel_floor: Smallest scale relative to ``|median|``.
+        abs_floor: Smallest scale in absolute terms.
+
+    Returns:
+        A 0-d tensor on ``window``'s device; NaN if ``value`` is NaN or the window is all NaN.
+
+    Example:
+        >>> import torch
+        >>> from trainopt.stability import robust_zscore
+        >>> window = torch.tensor([-5.0, -5.1, -4.9, -5.0, -5.05])
+        >>> round(robust_zscore(torch.tensor(-5.0), window).item(), 2)
+        0.0
+        >>> bool(robust_zscore(torch.tensor(-1.0), window) > 6)
+        True
+    """
+    median = nanmedian(window)
+    mad = nanmedian((window - median).abs())
+    scale = torch.maximum(MAD_TO_SIGMA * mad, rel_floor * median.abs()).clamp_min(abs_floor)
+    return (value.to(window.dtype) - median) / scale
+
+
+def _as_finite_or_nan(x: torch.Tensor) -> torch.Tensor:
+    x = x.detach().float()
+    return torch.where(torch.isfinite(x), x, torch.full_like(x, math.nan))
+
+
+def _check_int(name: str, value: int, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {name}={value!r}")
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a positive finite number, got {name}={value!r}")

@@ -1,0 +1,80 @@
+"""The one rule of the site: every Python block is included from src/ or executed by Sybil."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from audit import audit, problems_in, source_includes
+from trainopt_docs import source_with_imports
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+
+
+def test_every_python_block_is_included_or_executed() -> None:
+    problems = audit(DOCS)
+    assert not problems, "blocks that are neither executed nor included:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    "snippet, message",
+    [
+        ("```py\nprint(1)\n```\n", "neither executed nor included"),
+        ("```{code-block} python\nprint(1)\n```\n", "not executed by Sybil"),
+        ("```{literalinclude} ../src/trainopt/models.py\n```\n", "literalinclude"),
+        ("% skip: next\n\n```python\nprint(1)\n```\n", "skip must be"),
+        ("<!-- skip: next -->\n```python\nprint(1)\n```\n", "HTML comment"),
+        ("% invisible-code-block: python\n", "invisible code block"),
+        ("```{trainopt-source} models.GPT\n```\n", "dotted trainopt name"),
+        ("```python\n>>> 1/0\nTraceback (most recent call last):\nZeroDivisionError: x\n```\n", "traceback"),
+    ],
+)
+def test_audit_names_file_and_line_of_each_bad_block(tmp_path: Path, snippet: str, message: str) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("# Title\n\nText.\n\n" + snippet)
+    problems = problems_in(page, tmp_path)
+    assert len(problems) == 1 and problems[0].startswith("page.md:5:") and message in problems[0], problems
+
+
+def test_audit_accepts_executed_skipped_with_reason_and_included_blocks(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# T\n\n```python\nimport torch\n```\n\n"
+        '% skip: next if(not torch.cuda.is_available(), reason="needs CUDA")\n\n'
+        "```python\nx = 1\n```\n\n```{trainopt-source} trainopt.models.GPT\n```\n"
+    )
+    assert problems_in(page, tmp_path) == []
+
+
+def test_site_shows_implementations_by_include() -> None:
+    assert len(source_includes(DOCS)) > 0
+
+
+def _run_fresh(code: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT.parent, env=env, timeout=300)
+
+
+def test_every_included_implementation_runs_when_copied() -> None:
+    """Copying an implementation block gives code that runs in a fresh ``python -c``."""
+    includes = source_includes(DOCS)
+    sources = [source_with_imports(name) for _, name in includes]  # ast is not thread-safe
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(_run_fresh, sources))
+    failures = [f"{where} ({name}):\n{r.stderr[-1500:]}"
+                for (where, name), r in zip(includes, results) if r.returncode != 0]
+    assert not failures, "\n\n".join(failures)
+
+
+def test_copied_implementation_fails_without_its_imports() -> None:
+    """The check above can fail: the same source stripped of its imports does not run."""
+    code = source_with_imports("trainopt.models.synthetic_batch")
+    body = code[code.index("def synthetic_batch"):] + "\nsynthetic_batch(GPTConfig(), 2, 4)\n"
+    result = _run_fresh(body)
+    assert result.returncode != 0 and "NameError" in result.stderr

@@ -1,0 +1,254 @@
+"""Tests of trainopt.perf.memory: checkpointing, saved bytes, estimates, tracker, snapshots."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainopt.models import GPT, Block, gpt_config, synthetic_batch
+from trainopt.perf.estimate import (
+    bytes_per_parameter,
+    estimate_training_memory,
+    gpt_activation_bytes,
+)
+from trainopt.perf.memory import (
+    MemoryTracker,
+    allocator_settings,
+    apply_activation_checkpointing,
+    expandable_segments_in_use,
+    record_memory_history,
+    remove_activation_checkpointing,
+    saved_activation_bytes,
+)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _tiny(n_layer: int = 2, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(gpt_config("tiny", n_layer=n_layer))
+
+
+def _grads(model: GPT, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    model(x, targets=y).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("selective", [False, True])
+def test_checkpointing_gives_the_same_gradients_as_storing(selective):
+    model = _tiny()
+    reference = copy.deepcopy(model)
+    apply_activation_checkpointing(model, Block, selective=selective)
+    x, y = synthetic_batch(model.config, 2, 16, generator=torch.Generator().manual_seed(0))
+    for got, expected in zip(_grads(model, x, y), _grads(reference, x, y)):
+        torch.testing.assert_close(got, expected)
+
+
+def test_every_k_checkpoints_every_kth_matching_module():
+    model = _tiny(n_layer=5)
+    assert apply_activation_checkpointing(model, Block, every=2) == ["blocks.0", "blocks.2", "blocks.4"]
+
+
+def test_predicate_selects_modules():
+    model = _tiny(n_layer=3)
+    chosen = apply_activation_checkpointing(model, lambda m: isinstance(m, torch.nn.LayerNorm))
+    assert chosen == ["blocks.0.ln_1", "blocks.0.ln_2", "blocks.1.ln_1", "blocks.1.ln_2",
+                      "blocks.2.ln_1", "blocks.2.ln_2", "ln_f"]
+
+
+@pytest.mark.parametrize("every", [0, -1, 1.5])
+def test_every_must_be_a_positive_int(every):
+    with pytest.raises(ValueError, match="every must be a positive int"):
+        apply_activation_checkpointing(_tiny(), Block, every=every)
+
+
+def test_modules_must_be_type_or_predicate():
+    with pytest.raises(TypeError, match="modules must be"):
+        apply_activation_checkpointing(_tiny(), "Block")
+
+
+def test_checkpointing_twice_raises_and_remove_restores():
+    model = _tiny()
+    apply_activation_checkpointing(model, Block)
+    with pytest.raises(ValueError, match="already checkpointed"):
+        apply_activation_checkpointing(model, Block)
+    assert remove_activation_checkpointing(model) == ["blocks.0", "blocks.1"]
+    x, y = synthetic_batch(model.config, 2, 16)
+    stored = sum(gpt_activation_bytes(model.config, 2, 16, "fp32").values())
+    assert abs(saved_activation_bytes(model, lambda: model(x, targets=y)) - stored) <= 4
+
+
+def test_checkpointed_model_runs_unchanged_without_grad():
+    model = _tiny()
+    x, _ = synthetic_batch(model.config, 2, 16)
+    with torch.no_grad():
+        before = model(x)
+        apply_activation_checkpointing(model, Block)
+        after = model(x)
+    torch.testing.assert_close(before, after)
+
+
+def test_checkpointing_every_block_saves_less_than_storing():
+    model = _tiny(n_layer=4)
+    x, y = synthetic_batch(model.config, 4, 64)
+    stored = saved_activation_bytes(model, lambda: model(x, targets=y))
+    apply_activation_checkpointing(model, Block)
+    assert saved_activation_bytes(model, lambda: model(x, targets=y)) < 0.7 * stored
+
+
+@settings(max_examples=12, deadline=None)
+@given(batch=st.integers(1, 3), seq=st.integers(4, 64), n_layer=st.integers(1, 3),
+       precision=st.sampled_from(["fp32", "bf16"]), data=st.data())
+def test_activation_formula_matches_what_autograd_saves(batch, seq, n_layer, precision, data):
+    checkpointed = data.draw(st.integers(0, n_layer))
+    model = _tiny(n_layer=n_layer)
+    if checkpointed:
+        blocks = list(model.blocks)[:checkpointed]
+        apply_activation_checkpointing(model, lambda m: any(m is b for b in blocks))
+    x, y = (t.clone() for t in synthetic_batch(model.config, batch, seq))  # own storages
+
+    def forward():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            return model(x, targets=y)
+
+    measured = saved_activation_bytes(model, forward)
+    predicted = sum(gpt_activation_bytes(model.config, batch, seq, precision, checkpointed).values())
+    assert abs(measured - predicted) <= 4  # all but the scalar weight of the mean loss
+
+
+def test_activation_bytes_rejects_bad_arguments():
+    config = gpt_config("tiny")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        gpt_activation_bytes(config, 1, 8, "int8")
+    with pytest.raises(ValueError, match="checkpointed_layers must be in"):
+        gpt_activation_bytes(config, 1, 8, "fp32", checkpointed_layers=3)
+
+
+def test_bytes_per_parameter_for_common_setups():
+    assert sum(bytes_per_parameter("adamw").values()) == 16
+    assert sum(bytes_per_parameter("sgd").values()) == 8
+    assert bytes_per_parameter("sgd_momentum")["optimizer_states"] == 4
+    assert bytes_per_parameter("adamw", torch.bfloat16, master_weights=True) == {
+        "weights": 2, "gradients": 2, "optimizer_states": 8, "master_weights": 4}
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        bytes_per_parameter("lion")
+
+
+def test_estimate_static_part_is_bytes_per_parameter_times_parameters():
+    model = _tiny()
+    n = model.num_parameters()
+    est = estimate_training_memory(model, "bf16", "adamw", batch_size=2, seq_len=16)
+    assert (est.weights, est.gradients, est.optimizer_states) == (4 * n, 4 * n, 8 * n)
+    assert est.optimizer_phase == 16 * n
+    assert est.logits_backward == 8 * 2 * 16 * model.config.vocab_size
+
+
+@settings(max_examples=20, deadline=None)
+@given(batch=st.integers(1, 64), checkpointed=st.integers(0, 12))
+def test_estimate_grows_with_batch_and_falls_with_checkpointing(batch, checkpointed):
+    model = GPT(gpt_config("tiny"))
+    model.config = gpt_config("124m")  # the estimate reads shapes only
+    small = estimate_training_memory(model, "bf16", batch_size=batch, seq_len=1024,
+                                     checkpointed_layers=checkpointed)
+    assert estimate_training_memory(model, "bf16", batch_size=batch + 1, seq_len=1024,
+                                    checkpointed_layers=checkpointed).peak > small.peak
+    if checkpointed < 12:
+        assert estimate_training_memory(model, "bf16", batch_size=batch, seq_len=1024,
+                                        checkpointed_layers=checkpointed + 1).peak < small.peak
+
+
+def test_memory_tracker_on_cpu_reports_unavailable():
+    tracker = MemoryTracker("cpu")
+    with tracker.phase("forward"):
+        torch.ones(4).sum()
+    assert not tracker.available and tracker.peak is None
+    assert "unavailable" in tracker.table()
+
+
+def test_record_memory_history_needs_cuda(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this checks the error raised where no accelerator is present")
+    with pytest.raises(RuntimeError, match="needs CUDA"):
+        with record_memory_history(tmp_path / "snap.pickle"):
+            pass
+
+
+def test_allocator_settings_parse_and_reject_malformed(monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    assert allocator_settings() == {"expandable_segments": "True"}
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:64")
+    assert allocator_settings() == {"max_split_size_mb": "64"}
+    with pytest.raises(ValueError, match="key:value"):
+        allocator_settings("expandable_segments")
+
+
+@needs_cuda
+def test_memory_tracker_on_cuda_sees_activations_freed_by_backward():
+    model = GPT(gpt_config("small")).cuda()
+    x, y = synthetic_batch(model.config, 8, 256, device="cuda")
+    tracker = MemoryTracker("cuda")
+    with tracker.phase("forward"):
+        loss = model(x, targets=y)
+    with tracker.phase("backward"):
+        loss.backward()
+    forward, backward = tracker.phases
+    assert forward.allocated > backward.allocated  # saved activations were released
+    assert backward.peak >= forward.allocated and tracker.peak == max(forward.peak, backward.peak)
+    assert "| forward |" in tracker.table()
+
+
+@needs_cuda
+def test_memory_snapshot_is_written_and_loads(tmp_path):
+    with record_memory_history(tmp_path / "snap.pickle") as path:
+        torch.randn(1024, 1024, device="cuda").sum()
+    with open(path, "rb") as f:
+        snapshot = pickle.load(f)  # noqa: S301 - our own file
+    assert "segments" in snapshot and "device_traces" in snapshot
+    assert any(event["action"] == "alloc" for trace in snapshot["device_traces"] for event in trace)
+
+
+@needs_cuda
+def test_estimate_is_close_to_measured_peak_on_cuda():
+    torch.manual_seed(0)
+    with torch.device("cuda"):  # large enough that cuBLAS's workspace (tens of MiB) is noise
+        model = GPT(gpt_config("124m"))
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    x, y = synthetic_batch(model.config, 4, 512, device="cuda")
+    for step in range(3):
+        if step == 2:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x, targets=y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    measured = torch.cuda.max_memory_allocated()
+    estimate = estimate_training_memory(model, "bf16", batch_size=4, seq_len=512).peak
+    assert abs(estimate / measured - 1) < 0.10, (estimate, measured)
+
+
+def _expandable_in_subprocess(conf: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    if conf is not None:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    code = "from trainopt.perf.memory import expandable_segments_in_use as f; print(f())"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+@needs_cuda
+def test_expandable_segments_env_var_reaches_the_allocator():
+    assert _expandable_in_subprocess("expandable_segments:True") == "True"
+    assert _expandable_in_subprocess(None) == "False"

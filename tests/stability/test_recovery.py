@@ -1,0 +1,211 @@
+"""Tests of trainopt.stability.recovery: detection on host values, rollback, LR reduction the scheduler keeps."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainopt.stability.recovery import (
+    TrainingInstabilityError,
+    TrainingRecovery,
+    scale_learning_rate,
+)
+from trainopt.schedules.adapters import cosine_annealing_schedule, linear_warmup_decay_schedule
+
+
+def _model_and_optimizer(seed: int = 0, lr: float = 0.1):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=lr)
+
+
+# -- the learning-rate cut survives the scheduler (seed defect) ----------------------------------
+
+
+def test_seed_style_lr_halving_is_undone_by_the_next_scheduler_step() -> None:
+    _, opt = _model_and_optimizer()
+    sched = cosine_annealing_schedule(opt, total_steps=100, warmup_steps=0)
+    for group in opt.param_groups:
+        group["lr"] *= 0.5  # what the seed's recovery does
+    opt.step()
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * sched.lr_lambdas[0](1))  # the cut is gone
+
+
+@pytest.mark.parametrize("make_schedule", [
+    lambda opt: cosine_annealing_schedule(opt, total_steps=100, warmup_steps=10),
+    lambda opt: linear_warmup_decay_schedule(opt, total_steps=100, warmup_steps=10),
+    lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5),
+    lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=50),
+], ids=["cosine LambdaLR", "linear LambdaLR", "StepLR", "CosineAnnealingLR"])
+def test_scaled_learning_rate_persists_through_scheduler_steps(make_schedule) -> None:
+    _, opt = _model_and_optimizer()
+    _, twin = _model_and_optimizer()
+    sched, twin_sched = make_schedule(opt), make_schedule(twin)
+    for _ in range(5):
+        opt.step(); sched.step(); twin.step(); twin_sched.step()  # noqa: E702
+    scale_learning_rate(opt, 0.5, sched)
+    for _ in range(20):
+        opt.step(); sched.step(); twin.step(); twin_sched.step()  # noqa: E702
+        assert opt.param_groups[0]["lr"] == pytest.approx(0.5 * twin.param_groups[0]["lr"])
+
+
+def test_scale_learning_rate_scales_tensor_learning_rates_in_place() -> None:
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(0.01), fused=True)
+    lr = opt.param_groups[0]["lr"]
+    scale_learning_rate(opt, 0.5)
+    assert opt.param_groups[0]["lr"] is lr and lr.item() == pytest.approx(0.005)
+
+
+def test_scale_learning_rate_rejects_a_bad_factor() -> None:
+    _, opt = _model_and_optimizer()
+    with pytest.raises(ValueError, match="factor"):
+        scale_learning_rate(opt, 0.0)
+
+
+# -- detection ---------------------------------------------------------------------------------
+
+
+def _recovery(**kwargs) -> TrainingRecovery:
+    model, opt = _model_and_optimizer()
+    return TrainingRecovery(model, opt, None, **kwargs)
+
+
+def test_detects_a_nonfinite_loss() -> None:
+    assert _recovery().detect_instability([1.0, 0.9, math.inf]) == "non-finite loss"
+
+
+def test_detects_a_loss_spike_by_robust_zscore_at_any_loss_level() -> None:
+    recovery = _recovery()
+    for level in (-4.0, 0.0, 3.0):
+        losses = [level + 0.01 * (-1) ** i for i in range(30)]
+        assert recovery.detect_instability(losses) is None
+        assert recovery.detect_instability(losses + [level + 5.0]).startswith("loss spike")
+
+
+def test_a_falling_loss_or_gradient_norm_is_not_instability() -> None:
+    """Seed defect: "max > 10 × min" over the last 10 values flags a healthy, falling run."""
+    losses = [5.0 * 0.7**i for i in range(30)]
+    norms = [10.0 * 0.7**i for i in range(30)]
+    assert max(losses[-10:]) > 10 * min(losses[-10:])  # the seed would call this unstable
+    assert _recovery().detect_instability(losses, norms) is None
+
+
+def test_detects_a_gradient_explosion_against_the_median() -> None:
+    norms = [1.0 + 0.1 * (i % 3) for i in range(20)]
+    reason = _recovery().detect_instability([1.0] * 21, norms + [50.0])
+    assert reason is not None and reason.startswith("gradient explosion")
+
+
+def test_isolated_flagged_steps_need_no_rollback_but_a_drift_does() -> None:
+    recovery = _recovery()
+    assert recovery.check({"flagged_steps": 1, "reasons": ["1 loss spikes"]}) is None
+    assert recovery.check({"flagged_steps": 4, "reasons": ["4 loss spikes"]}).startswith("4 unstable steps")
+    assert recovery.check({"flagged_steps": 0, "weights_finite": False}) == "non-finite weights"
+
+
+# -- rollback ------------------------------------------------------------------------------------
+
+
+def _train_steps(model, opt, sched, n: int, x, y) -> None:
+    for _ in range(n):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        sched.step()
+
+
+@pytest.fixture()
+def run(tmp_path):
+    from trainopt.stability.checkpoint import CheckpointManager
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = cosine_annealing_schedule(opt, total_steps=100, warmup_steps=5)
+    manager = CheckpointManager(tmp_path, save_frequency=10, keep_last=3)
+    x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+    return model, opt, sched, manager, x, y
+
+
+def test_recover_rolls_back_to_the_last_checkpoint_and_halves_the_lr(run) -> None:
+    model, opt, sched, manager, x, y = run
+    _train_steps(model, opt, sched, 10, x, y)
+    manager.save_checkpoint(model, opt, 10, 1.0, scheduler=sched)
+    saved = [p.detach().clone() for p in model.parameters()]
+    lr_at_10 = opt.param_groups[0]["lr"]
+    recovery = TrainingRecovery(model, opt, manager, scheduler=sched, lr_factor=0.5)
+    _train_steps(model, opt, sched, 7, x, y)
+    with torch.no_grad():
+        model.weight.mul_(1e6)  # the run blew up
+    assert recovery.recover("test") == 10
+    assert all(torch.equal(p, s) for p, s in zip(model.parameters(), saved))
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.5 * lr_at_10)
+    _train_steps(model, opt, sched, 1, x, y)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.5 * 1e-2 * sched.lr_lambdas[0](11))
+
+
+def test_repeated_recoveries_compound_the_lr_cut_once_each(run) -> None:
+    model, opt, sched, manager, x, y = run
+    _train_steps(model, opt, sched, 10, x, y)
+    manager.save_checkpoint(model, opt, 10, 1.0, scheduler=sched)
+    recovery = TrainingRecovery(model, opt, manager, scheduler=sched, lr_factor=0.5)
+    recovery.recover("first")
+    _train_steps(model, opt, sched, 10, x, y)
+    manager.save_checkpoint(model, opt, 20, 0.9, scheduler=sched)  # saved with the cut LR
+    recovery.recover("second")
+    assert sched.base_lrs[0] == pytest.approx(1e-2 * 0.25)
+    assert recovery.lr_scale == 0.25
+
+
+def test_recover_gives_up_with_a_clear_error_after_max_attempts(run) -> None:
+    model, opt, sched, manager, x, y = run
+    _train_steps(model, opt, sched, 10, x, y)
+    manager.save_checkpoint(model, opt, 10, 1.0, scheduler=sched)
+    recovery = TrainingRecovery(model, opt, manager, scheduler=sched, max_recovery_attempts=2)
+    recovery.recover("a")
+    recovery.recover("b")
+    with pytest.raises(TrainingInstabilityError, match="max_recovery_attempts=2"):
+        recovery.recover("c")
+
+
+def test_recover_without_any_checkpoint_says_so(run) -> None:
+    model, opt, sched, manager, _, _ = run
+    with pytest.raises(TrainingInstabilityError, match="no valid checkpoint"):
+        TrainingRecovery(model, opt, manager, scheduler=sched).recover("spike")
+
+
+def test_skip_batches_after_a_rollback(run) -> None:
+    model, opt, sched, manager, x, y = run
+    _train_steps(model, opt, sched, 10, x, y)
+    manager.save_checkpoint(model, opt, 10, 1.0, scheduler=sched)
+    recovery = TrainingRecovery(model, opt, manager, scheduler=sched, skip_batches=3)
+    assert not recovery.should_skip_batch()
+    recovery.recover("spike")
+    assert [recovery.should_skip_batch() for _ in range(5)] == [True, True, True, False, False]
+
+
+def test_recovery_state_survives_a_weights_only_checkpoint() -> None:
+    recovery = _recovery()
+    recovery.recovery_attempts, recovery.lr_scale = 2, 0.25
+    recovery.history.append({"reason": "spike", "restored_step": 10, "lr_scale": 0.25})
+    buffer = io.BytesIO()
+    torch.save(recovery.state_dict(), buffer)
+    buffer.seek(0)
+    other = _recovery()
+    other.load_state_dict(torch.load(buffer, weights_only=True))
+    assert other.state_dict() == recovery.state_dict()
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"lr_factor": 1.5}, "lr_factor"), ({"max_recovery_attempts": 0}, "max_recovery_attempts"),
+    ({"skip_batches": -1}, "skip_batches"), ({"spike_threshold": 0}, "spike_threshold"),
+])
+def test_recovery_rejects_bad_arguments_by_name(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        _recovery(**kwargs)

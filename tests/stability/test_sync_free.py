@@ -1,0 +1,112 @@
+"""The stabilized step makes no host-device sync between ``check_every`` boundaries (CPU proof).
+
+``.item()``, ``float(t)``, ``bool(t)`` and ``if t:`` all dispatch ``aten._local_scalar_dense``;
+:class:`trainopt.stability.syncs.HostSyncCounter` counts those calls. On a GPU the same property is
+checked with ``torch.cuda.set_sync_debug_mode("error")`` by ``trainopt.perf.bench.stability``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainopt.stability.clipping import AdaptiveGradientClipper, ZScoreClipper
+from trainopt.models import GPT, digits_mlp, gpt_config, synthetic_batch
+from trainopt.perf.bench.stability import bare_step, seed_style_step
+from trainopt.schedules.adapters import cosine_annealing_schedule
+from trainopt.stability.stabilizer import TrainingStabilizer
+from trainopt.stability.syncs import HostSyncCounter
+
+CHECK_EVERY = 100  # 10 warm-up steps, then 50 steady-state steps inside one window
+
+
+def _gpt(seed: int = 0):
+    """The reference transformer, at its smallest (one block): what the benchmark steps."""
+    torch.manual_seed(seed)
+    model = GPT(gpt_config("tiny", n_layer=1, block_size=16))
+    x, y = synthetic_batch(model.config, 2, 16, generator=torch.Generator().manual_seed(seed))
+    return model, (lambda: model(x, targets=y))
+
+
+def _mlp(seed: int = 0):
+    """A digits-sized MLP: the same step with fewer operators, for the configuration matrix."""
+    torch.manual_seed(seed)
+    model = digits_mlp(hidden=32)
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    return model, (lambda: torch.nn.functional.cross_entropy(model(x), y))
+
+
+CONFIGS = {
+    "GPT, bf16 autocast, cosine LambdaLR": dict(dtype=torch.bfloat16, scheduler=True, model=_gpt),
+    "fp32, clip 1.0": dict(dtype=None),
+    "fp16 autocast + DynamicLossScaler": dict(dtype=torch.float16),
+    "ZScoreClipper": dict(clipper=ZScoreClipper),
+    "AdaptiveGradientClipper": dict(clipper=AdaptiveGradientClipper),
+    "SGD momentum through masked_step": dict(optimizer="sgd"),
+}
+
+
+@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
+def test_fifty_steady_state_steps_make_no_host_sync(config: dict) -> None:
+    model, compute_loss = config.get("model", _mlp)()
+    if config.get("optimizer") == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    sched = cosine_annealing_schedule(opt, total_steps=200, warmup_steps=10) if config.get("scheduler") else None
+    clipper = config["clipper"]() if "clipper" in config else None
+    stabilizer = TrainingStabilizer(model, opt, sched, dtype=config.get("dtype"), clipper=clipper,
+                                    check_every=CHECK_EVERY)
+    for _ in range(10):
+        stabilizer.step(compute_loss)
+    with HostSyncCounter() as counter:
+        for _ in range(50):
+            stabilizer.step(compute_loss)
+    assert stabilizer.last_report is None  # no boundary was crossed
+    assert counter.count == 0, counter.stacks
+
+
+def test_a_skipped_nan_step_is_decided_on_the_device_too() -> None:
+    model, compute_loss = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    stabilizer = TrainingStabilizer(model, opt, check_every=100)
+    for _ in range(10):
+        stabilizer.step(compute_loss)
+    with HostSyncCounter() as counter:
+        stabilizer.step(lambda: compute_loss() * math.nan)
+        stabilizer.step(compute_loss)
+    assert counter.count == 0 and int(stabilizer.skipped) == 1
+
+
+def test_the_boundary_is_where_the_host_reads() -> None:
+    model, compute_loss = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    stabilizer = TrainingStabilizer(model, opt, check_every=5)
+    for _ in range(4):
+        stabilizer.step(compute_loss)
+    with HostSyncCounter() as counter:
+        stabilizer.step(compute_loss)  # the 5th step ends with check()
+    assert counter.count >= 1 and stabilizer.last_report is not None
+
+
+def test_counter_catches_the_seed_style_per_parameter_item_calls() -> None:
+    """The proof can fail: the seed's monitoring reads the device once per parameter."""
+    model, compute_loss = _gpt()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    history: list[float] = []
+    with HostSyncCounter() as counter:
+        seed_style_step(model, opt, compute_loss, None, history)
+    n_params = sum(1 for p in model.parameters() if p.requires_grad)
+    assert counter.count >= n_params + 1
+
+
+def test_bare_step_makes_no_host_sync_either() -> None:
+    model, compute_loss = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    bare_step(model, opt, compute_loss, None)
+    with HostSyncCounter() as counter:
+        for _ in range(5):
+            bare_step(model, opt, compute_loss, None)
+    assert counter.count == 0
