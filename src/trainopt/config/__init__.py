@@ -2,11 +2,14 @@
 
 - :mod:`~trainopt.config.training`: load and validate a training config, build its optimizer
   and scheduler.
+- :mod:`~trainopt.config.errors`: :class:`~trainopt.config.errors.ConfigError`, the one error a
+  bad config raises, naming the dotted field.
+- :mod:`~trainopt.config.cli`: how every command line reports a mistake (one line, status 2).
 """
 
+from trainopt.config.errors import ConfigError
 from trainopt.config.training import (
     Config,
-    ConfigError,
     OptimizerConfig,
     SchedulerConfig,
     build_optimizer,

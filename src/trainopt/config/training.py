@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import yaml
 
+from trainopt.config.errors import ConfigError
 from trainopt.schedules.registry import (
     build_scheduler,
     registered_schedulers,
@@ -38,25 +39,6 @@ OPTIMIZER_SETTINGS = {
     "adamw": ("lr", "weight_decay", "betas", "eps"),
 }
 FLOAT_STRING = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
-
-
-class ConfigError(ValueError):
-    """A config field is missing, unknown or invalid; the message names the dotted field.
-
-    Example:
-        >>> from trainopt.config import ConfigError
-        >>> from trainopt.config import validate_config
-        >>> try:
-        ...     validate_config({"training": {"optimizer": {"type": "lion", "lr": 0.1},
-        ...                                   "scheduler": {"type": "step_decay", "decay_steps": 10}}})
-        ... except ConfigError as error:
-        ...     print(error.field, "|", error)
-        training.optimizer.type | training.optimizer.type: must be one of ['sgd', 'adam', 'adamw'], got 'lion'
-    """
-
-    def __init__(self, field_path: str, message: str) -> None:
-        super().__init__(f"{field_path}: {message}")
-        self.field = field_path
 
 
 @dataclass(frozen=True)
