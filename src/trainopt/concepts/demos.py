@@ -13,7 +13,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainopt.concepts.rules import AdamState, adam_step_size_factor, adam_update, warmup_cosine_lr
+from trainopt.concepts.rules import (
+    AdamState,
+    adam_step_size_factor,
+    adam_update,
+    warmup_cosine_lr,
+)
 from trainopt.models import digits_data, digits_mlp
 
 

@@ -18,7 +18,7 @@ from typing import NoReturn, TextIO
 
 from trainopt.config.errors import ConfigError
 
-__all__ = ["ArgumentParser", "UsageError", "error_line", "run_command"]
+__all__ = ["ArgumentParser", "UsageError", "error_line", "positive_int", "run_command"]
 
 
 class UsageError(Exception):
@@ -76,6 +76,30 @@ class ArgumentParser(argparse.ArgumentParser):
         raise _from_argparse(message)
 
 
+def positive_int(text: str) -> int:
+    """An argparse ``type`` for counts: an int of at least 1.
+
+    Example:
+        >>> from trainopt.config.cli import ArgumentParser, UsageError, positive_int
+        >>> parser = ArgumentParser(prog="demo")
+        >>> _ = parser.add_argument("--steps", type=positive_int)
+        >>> parser.parse_args(["--steps", "3"]).steps
+        3
+        >>> try:
+        ...     parser.parse_args(["--steps", "0"])
+        ... except UsageError as error:
+        ...     print(error)
+        --steps: must be an int >= 1, got '0'
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1 or str(value) != text.strip().lstrip("+"):
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return value
+
+
 def error_line(error: BaseException) -> str:
     """The one line a command prints for a user's mistake: ``error: <field>: <what is allowed>``.
 
@@ -106,6 +130,8 @@ def run_command(main: Callable[[Sequence[str] | None], int | None], argv: Sequen
                 *, stderr: TextIO | None = None) -> int:
     """Run a command's ``main(argv)``; return its exit status, 2 for a user's mistake.
 
+    The status is what ``main`` returns if that is an int, else 0.
+
     A :class:`UsageError`, a :class:`~trainopt.config.ConfigError` or a file that is missing or
     can't be read is printed as one line (:func:`error_line`) on ``stderr``; any other exception
     is a bug and propagates with its traceback.
@@ -125,4 +151,4 @@ def run_command(main: Callable[[Sequence[str] | None], int | None], argv: Sequen
     except USER_ERRORS as error:
         print(error_line(error), file=stream)
         return 2
-    return int(status or 0)
+    return status if isinstance(status, int) else 0

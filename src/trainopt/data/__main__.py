@@ -1,24 +1,29 @@
-"""``python -m trainopt.data [NAME]``: list the shipped files, or print one (to copy it).
+"""``python -m trainopt.data [NAME]``: list the files shipped with trainopt, or print one.
 
-Example: ``python -m trainopt.data hpo_digits.yaml > hpo_digits.yaml``.
+Print one to copy it: ``python -m trainopt.data hpo_digits.yaml > hpo_digits.yaml``.
 """
 
-import sys
+from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
+
+from trainopt.config.cli import ArgumentParser, UsageError, run_command
 from trainopt.data import names, path
 
-if len(sys.argv) > 2 or (len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help")):
-    print(__doc__.strip(), file=sys.stderr if len(sys.argv) > 2 else sys.stdout)
-    sys.exit(2 if len(sys.argv) > 2 else 0)
-if len(sys.argv) == 1:
-    print("\n".join(names()))
-    sys.exit(0)
-try:
-    target = path(sys.argv[1])
-except FileNotFoundError as exc:
-    print(f"error: {exc}", file=sys.stderr)
-    sys.exit(2)
-if target.is_dir():
-    print(f"error: name: {sys.argv[1]!r} is a folder; name one of its files", file=sys.stderr)
-    sys.exit(2)
-sys.stdout.write(target.read_text())
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python -m trainopt.data", description=__doc__.splitlines()[0])
+    parser.add_argument("name", nargs="?", help="a shipped file; without it, list them all")
+    args = parser.parse_args(argv)
+    if args.name is None:
+        print("\n".join(names()))
+        return 0
+    if args.name not in names():
+        raise UsageError("name", f"must be one of the shipped files {names()}, got {args.name!r}")
+    sys.stdout.write(path(args.name).read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_command(main))

@@ -21,11 +21,11 @@ Write them all with ``python -m trainopt.diagnostics.runs --out src/trainopt/dat
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from trainopt.config.cli import ArgumentParser, positive_int, run_command
 from trainopt.models import digits_data, digits_mlp
 
 FAULTS = (
@@ -226,9 +227,9 @@ def main(argv: list[str] | None = None) -> None:
         >>> main(["--out", tempfile.mkdtemp(), "--steps", "3", "--faults", "plateau"])  # doctest: +ELLIPSIS
         wrote .../plateau.jsonl
     """
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m trainopt.diagnostics.runs", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="directory for <fault>.jsonl files")
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=positive_int, default=300)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--faults", nargs="*", default=list(FAULTS), choices=FAULTS)
     args = parser.parse_args(argv)
@@ -238,4 +239,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

@@ -30,7 +30,9 @@ ALLOWED_KEYS = {
 
 def _config_error(field: str, message: str) -> Exception:
     """A :class:`trainopt.config.training.ConfigError` for the dotted ``field``."""
-    from trainopt.config.training import ConfigError  # the package's one config error, shared by all configs
+    from trainopt.config.training import (
+        ConfigError,  # the package's one config error, shared by all configs
+    )
 
     return ConfigError(field, message)
 

@@ -35,7 +35,13 @@ from trainopt.perf.precision import (
     make_scaler,
     supported_precisions,
 )
-from trainopt.perf.profiling import StepProfiler, StepTimer, percentile, profile_steps, summarize
+from trainopt.perf.profiling import (
+    StepProfiler,
+    StepTimer,
+    percentile,
+    profile_steps,
+    summarize,
+)
 from trainopt.perf.throughput import (
     MemoryNearLimitAlert,
     ThroughputDropAlert,

@@ -27,7 +27,10 @@ def _matmul_and_attention_ops() -> set[Any]:
 def _selective_context_fn() -> Callable[[], Any]:
     """Save matmul and attention outputs; recompute the cheap ops (norms, GELU, casts)."""
     try:
-        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+        from torch.utils.checkpoint import (
+            CheckpointPolicy,
+            create_selective_checkpoint_contexts,
+        )
     except ImportError as exc:  # torch < 2.4
         raise RuntimeError("selective checkpointing needs torch >= 2.4") from exc
     saved = _matmul_and_attention_ops()

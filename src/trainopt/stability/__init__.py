@@ -23,7 +23,11 @@ from trainopt.stability.clipping import (
 )
 from trainopt.stability.gradients import GradientMonitor, nonfinite_gradients
 from trainopt.stability.monitors import LossSpikeDetector, LossStabilityMonitor
-from trainopt.stability.recovery import TrainingInstabilityError, TrainingRecovery, scale_learning_rate
+from trainopt.stability.recovery import (
+    TrainingInstabilityError,
+    TrainingRecovery,
+    scale_learning_rate,
+)
 from trainopt.stability.rng import get_rng_state, set_rng_state
 from trainopt.stability.scaling import DynamicLossScaler
 from trainopt.stability.skip import masked_step

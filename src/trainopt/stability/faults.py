@@ -24,7 +24,6 @@ of the faulty run is from the clean one.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -36,6 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from trainopt.config.cli import ArgumentParser, positive_int, run_command
 from trainopt.models import digits_data, digits_mlp
 from trainopt.schedules.adapters import cosine_annealing_schedule
 from trainopt.stability.recovery import TrainingRecovery
@@ -235,7 +235,7 @@ def fault_injection_table(path: str | Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> ArgumentParser:
     """The command line of ``python -m trainopt.stability.faults``.
 
     Example:
@@ -246,10 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
         >>> build_parser().parse_args(["--out", "faults.json"]).steps
         200
     """
-    parser = argparse.ArgumentParser(prog="python -m trainopt.stability.faults",
+    parser = ArgumentParser(prog="python -m trainopt.stability.faults",
                                      description="Train the digits MLP clean and with injected faults; write JSON.")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=positive_int, default=200)
     return parser
 
 
@@ -315,4 +315,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

@@ -8,7 +8,12 @@ from typing import Any
 
 import torch
 
-from trainopt.stability.statistics import _as_finite_or_nan, _check_int, _check_positive, nanmedian
+from trainopt.stability.statistics import (
+    _as_finite_or_nan,
+    _check_int,
+    _check_positive,
+    nanmedian,
+)
 
 
 def _stacked_norms(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 import sys
 
+from trainopt.config.cli import run_command
 from trainopt.perf.bench.cli import main
 
-sys.exit(main())
+sys.exit(run_command(main))

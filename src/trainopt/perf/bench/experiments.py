@@ -378,4 +378,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from trainopt.config.cli import run_command
+
+    sys.exit(run_command(main))

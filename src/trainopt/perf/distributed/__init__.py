@@ -22,7 +22,12 @@ from trainopt.perf.distributed.agreement import (
     nonfinite_flag,
     step_unless_any_rank_nonfinite,
 )
-from trainopt.perf.distributed.ddp import CommCounter, gradient_sync, register_comm_hook, wrap_ddp
+from trainopt.perf.distributed.ddp import (
+    CommCounter,
+    gradient_sync,
+    register_comm_hook,
+    wrap_ddp,
+)
 from trainopt.perf.distributed.fsdp import fsdp2_available, memory_per_rank, shard_model
 from trainopt.perf.distributed.processes import (
     WorkerError,

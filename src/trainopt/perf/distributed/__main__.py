@@ -1,5 +1,8 @@
 """``python -m trainopt.perf.distributed``: see :mod:`trainopt.perf.distributed.cli`."""
 
+import sys
+
+from trainopt.config.cli import run_command
 from trainopt.perf.distributed.cli import main
 
-main()
+sys.exit(run_command(main))

@@ -32,7 +32,12 @@ from trainopt.perf.distributed.agreement import (
     gradient_scale,
     step_unless_any_rank_nonfinite,
 )
-from trainopt.perf.distributed.ddp import CommCounter, gradient_sync, register_comm_hook, wrap_ddp
+from trainopt.perf.distributed.ddp import (
+    CommCounter,
+    gradient_sync,
+    register_comm_hook,
+    wrap_ddp,
+)
 from trainopt.perf.distributed.fsdp import full_tensors, shard_model
 from trainopt.perf.distributed.processes import (
     rank_device,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from collections.abc import Sequence
@@ -11,6 +10,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from trainopt.config.cli import ArgumentParser, UsageError, positive_int
 from trainopt.perf.distributed.agreement import (
     broadcast_from_rank0,
     is_main_process,
@@ -62,21 +62,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Command line: ``--out FILE`` measures the lossy hooks, ``--equivalence`` runs the checks.
 
     Example:
+        >>> from trainopt.config.cli import run_command
         >>> from trainopt.perf.distributed.cli import main
-        >>> main([])  # neither --out nor --equivalence
-        Traceback (most recent call last):
-        ...
-        SystemExit: 2
+        >>> import contextlib, io
+        >>> with contextlib.redirect_stderr(io.StringIO()) as err:
+        ...     status = run_command(main, [])  # neither --out nor --equivalence
+        >>> status, err.getvalue()
+        (2, 'error: --out/--equivalence: give --out FILE, --equivalence, or both\n')
     """
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m trainopt.perf.distributed", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="measure the lossy hooks and write this JSON file")
     parser.add_argument("--equivalence", action="store_true",
                         help="run every equivalence check and print the results (works under torchrun)")
-    parser.add_argument("--nprocs", type=int, default=2)
-    parser.add_argument("--iterations", type=int, default=8)
+    parser.add_argument("--nprocs", type=positive_int, default=2)
+    parser.add_argument("--iterations", type=positive_int, default=8)
     args = parser.parse_args(argv)
     if args.out is None and not args.equivalence:
-        parser.error("give --out FILE, --equivalence, or both")
+        raise UsageError("--out/--equivalence", "give --out FILE, --equivalence, or both")
     if args.equivalence:
         if "RANK" in os.environ:  # started by torchrun: this process is one rank
             dist.init_process_group()
