@@ -25,6 +25,11 @@ from torch.utils.data import DataLoader, TensorDataset
 # ---------------------------------------------------------------------------------------------
 
 
+__all__ = [
+    "GPT", "GPT_PRESETS", "MLP", "Block", "CausalSelfAttention", "GPTConfig", "digits_data", "digits_loaders",
+    "digits_mlp", "evaluate", "gpt_config", "synthetic_batch",
+]
+
 def digits_data(
     dtype: torch.dtype = torch.float32, val_fraction: float = 0.2, seed: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
