@@ -9,10 +9,8 @@ optimizer states in the form DCP expects, for DDP, FSDP2 and plain modules alike
 
 from __future__ import annotations
 
-import contextlib
 import os
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -45,8 +43,10 @@ def save_sharded(directory: str | os.PathLike, model: nn.Module,
     state: dict[str, Any] = {"model": model_state}
     if optimizer is not None:
         state["optimizer"] = optimizer_state
-    with _single_process_is_intended():
-        dcp.save(state, checkpoint_id=directory, no_dist=not _in_group())
+    single_process = not (dist.is_available() and dist.is_initialized())
+    with warnings.catch_warnings():  # DCP warns that it assumes one process: that is the intent
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
+        dcp.save(state, checkpoint_id=directory, no_dist=single_process)
 
 
 def load_sharded(directory: str | os.PathLike, model: nn.Module,
@@ -77,19 +77,9 @@ def load_sharded(directory: str | os.PathLike, model: nn.Module,
     state: dict[str, Any] = {"model": model_state}
     if optimizer is not None:
         state["optimizer"] = optimizer_state
-    with _single_process_is_intended():
-        dcp.load(state, checkpoint_id=directory, no_dist=not _in_group())
+    single_process = not (dist.is_available() and dist.is_initialized())
+    with warnings.catch_warnings():  # DCP warns that it assumes one process: that is the intent
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
+        dcp.load(state, checkpoint_id=directory, no_dist=single_process)
     set_state_dict(model, optimizer or [], model_state_dict=state["model"],
                    optim_state_dict=state.get("optimizer", {}))
-
-
-def _in_group() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-@contextlib.contextmanager
-def _single_process_is_intended() -> Iterator[None]:
-    # Outside a process group DCP warns that it assumes one process: here that is the intent.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
-        yield

@@ -8,10 +8,12 @@ all-reduce counts, gradient errors. The functions live here, in an importable mo
 spawned processes import what they run.
 
 Run as a script, it measures the gradient error of the lossy DDP hooks and writes JSON, or runs
-every equivalence check (``--equivalence``, also under ``torchrun``)::
+every equivalence check (``--equivalence``, also under ``torchrun``):
 
-    python -m trainopt.perf.distributed --out docs/_data/distributed_compression.json
-    torchrun --standalone --nproc-per-node 2 -m trainopt.perf.distributed --equivalence
+.. code-block:: console
+
+    $ python -m trainopt.perf.distributed --out docs/_data/distributed_compression.json
+    $ torchrun --standalone --nproc-per-node 2 -m trainopt.perf.distributed --equivalence
 """
 
 from __future__ import annotations
