@@ -20,15 +20,37 @@ from trainopt.schedules.functions import (
 from trainopt.schedules.validation import check_float, check_int, check_run
 
 
-def _base_lrs(optimizer: torch.optim.Optimizer) -> list[float]:
+def base_lrs(optimizer: torch.optim.Optimizer) -> list[float]:
+    """Each param group's base rate: ``initial_lr`` once a scheduler has set it, else ``lr``.
+
+    Example:
+        >>> import torch
+        >>> from trainopt.schedules.adapters import base_lrs
+        >>> weight, bias = torch.zeros(2, requires_grad=True), torch.zeros(1, requires_grad=True)
+        >>> base_lrs(torch.optim.SGD([{"params": [weight]}, {"params": [bias], "lr": 0.01}], lr=0.1))
+        [0.1, 0.01]
+    """
     return [float(group.get("initial_lr", group["lr"])) for group in optimizer.param_groups]
 
 
-def _min_ratios(optimizer: torch.optim.Optimizer, min_lr: float) -> list[float]:
-    """``min_lr / base_lr`` per param group; ``min_lr`` is one absolute floor for all groups."""
+def min_lr_ratios(optimizer: torch.optim.Optimizer, min_lr: float) -> list[float]:
+    """``min_lr / base_lr`` per param group: one absolute floor ``min_lr`` for every group.
+
+    Raises:
+        ValueError: ``min_lr`` is negative or above some group's base rate; the message names
+            the group.
+
+    Example:
+        >>> import torch
+        >>> from trainopt.schedules.adapters import min_lr_ratios
+        >>> weight, bias = torch.zeros(2, requires_grad=True), torch.zeros(1, requires_grad=True)
+        >>> optimizer = torch.optim.SGD([{"params": [weight]}, {"params": [bias], "lr": 0.01}], lr=0.1)
+        >>> [round(r, 6) for r in min_lr_ratios(optimizer, min_lr=0.001)]
+        [0.01, 0.1]
+    """
     check_float("min_lr", min_lr, 0.0)
     ratios = []
-    for index, base in enumerate(_base_lrs(optimizer)):
+    for index, base in enumerate(base_lrs(optimizer)):
         if min_lr > base:
             raise ValueError(
                 f"min_lr must not exceed the learning rate of any param group, got {min_lr=} "
@@ -77,7 +99,7 @@ def cosine_annealing_schedule(
     check_run(total_steps, warmup_steps)
     lambdas = [
         partial(cosine_annealing, total_steps=total_steps, warmup_steps=warmup_steps, min_ratio=ratio)
-        for ratio in _min_ratios(optimizer, min_lr)
+        for ratio in min_lr_ratios(optimizer, min_lr)
     ]
     return LambdaLR(optimizer, lambdas)
 
@@ -129,6 +151,6 @@ def wsd_schedule(
     lambdas = [
         partial(warmup_stable_decay, total_steps=total_steps, warmup_steps=warmup_steps,
                 decay_steps=decay_steps, min_ratio=ratio, decay=decay)
-        for ratio in _min_ratios(optimizer, min_lr)
+        for ratio in min_lr_ratios(optimizer, min_lr)
     ]
     return LambdaLR(optimizer, lambdas)

@@ -11,7 +11,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from trainopt.schedules.adapters import (
-    _base_lrs,
+    base_lrs,
     cosine_annealing_schedule,
     linear_warmup_decay_schedule,
     step_decay_schedule,
@@ -195,7 +195,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: Any) -> Any:
     if unknown:
         raise ValueError(f"{unknown[0]} is not a setting of {name!r}; allowed: {sorted(allowed)}")
     if isinstance(factory, type) and issubclass(factory, SchedulerInterface):
-        return factory(base_lr=_base_lrs(optimizer)[0], **settings).as_lr_scheduler(optimizer)
+        return factory(base_lr=base_lrs(optimizer)[0], **settings).as_lr_scheduler(optimizer)
     return factory(optimizer, **settings)
 
 

@@ -75,8 +75,16 @@ def test_fsdp2_training_equals_single_process_on_the_combined_batch(checks):
 
 @needs_fsdp2
 def test_fsdp2_bf16_mixed_precision_differs_by_rounding_only(checks):
-    bf16, fp32 = checks[0]["fsdp"]["max_param_diff_bf16"], checks[0]["fsdp"]["max_param_diff"]
+    fsdp = checks[0]["fsdp"]
+    fp32, bf16 = fsdp["max_param_diff"], fsdp["max_param_diff_bf16"]
     assert fp32 < bf16 < 1e-2  # measured, not called equivalent
+    assert fp32 < fsdp["max_param_diff_bf16_fp32_reduce"] < 1e-2  # bf16 compute, fp32 reduce
+
+
+@needs_fsdp2
+def test_hsdp_on_a_replicate_by_shard_mesh_equals_single_process(checks):
+    for rank in checks:
+        assert rank["fsdp"]["max_param_diff_hsdp"] <= TOLERANCE
 
 
 def test_accumulation_with_no_sync_equals_the_full_batch(checks):
@@ -95,6 +103,26 @@ def test_no_sync_communicates_once_per_step_instead_of_once_per_micro_batch(chec
 def test_fsdp2_accumulation_without_gradient_sync_equals_the_full_batch(checks):
     for rank in checks:
         assert rank["fsdp_accumulation"]["max_param_diff"] <= TOLERANCE
+
+
+# --- padded batches: the mean over the global batch's tokens --------------------------------
+
+
+def test_ranks_holding_different_token_counts_is_the_case_tested(checks):
+    counts = [rank["token_loss"]["tokens_per_rank"] for rank in checks]
+    assert counts[0] != counts[1]
+
+
+@pytest.mark.parametrize("split", ["ranks", "accumulation"])
+def test_mean_losses_per_rank_or_micro_batch_miss_the_global_token_mean(checks, split):
+    for rank in checks:
+        assert rank["token_loss"][f"naive_{split}"] > 1e-2
+
+
+@pytest.mark.parametrize("split", ["ranks", "accumulation"])
+def test_token_normalized_loss_gives_the_global_token_mean_gradient(checks, split):
+    for rank in checks:
+        assert rank["token_loss"][f"helper_{split}"] < 1e-5
 
 
 # --- a loss summed instead of averaged ------------------------------------------------------

@@ -7,6 +7,9 @@ Everything here calls torch's own machinery; nothing sends bytes by itself.
 - :mod:`~trainopt.perf.distributed.ddp`: ``DistributedDataParallel`` with its buckets and
   communication hooks, and gradient sync on/off for accumulation.
 - :mod:`~trainopt.perf.distributed.fsdp`: FSDP2 sharding and the ZeRO memory formula.
+- :mod:`~trainopt.perf.distributed.loss`: a token loss normalised by the global token count,
+  exact under accumulation and across ranks whatever the padding.
+- :mod:`~trainopt.perf.distributed.checkpoint`: sharded checkpoints (``torch.distributed.checkpoint``).
 - :mod:`~trainopt.perf.distributed.agreement`: decisions that must be the same on every rank.
 - :mod:`~trainopt.perf.distributed.checks` and :mod:`~trainopt.perf.distributed.compression`:
   the page's multi-process checks (demonstrations), run by ``python -m trainopt.perf.distributed``.
@@ -22,6 +25,7 @@ from trainopt.perf.distributed.agreement import (
     nonfinite_flag,
     step_unless_any_rank_nonfinite,
 )
+from trainopt.perf.distributed.checkpoint import load_sharded, save_sharded
 from trainopt.perf.distributed.ddp import (
     CommCounter,
     gradient_sync,
@@ -29,8 +33,10 @@ from trainopt.perf.distributed.ddp import (
     wrap_ddp,
 )
 from trainopt.perf.distributed.fsdp import fsdp2_available, memory_per_rank, shard_model
+from trainopt.perf.distributed.loss import global_token_count, token_normalized_loss
 from trainopt.perf.distributed.processes import (
     WorkerError,
+    init_from_env,
     launch,
     rank_and_world_size,
     rank_device,
@@ -39,8 +45,9 @@ from trainopt.perf.distributed.processes import (
 
 __all__ = [
     "CommCounter", "GradientScaleError", "WorkerError", "any_rank", "broadcast_from_rank0",
-    "check_gradient_scale", "fsdp2_available", "gradient_scale", "gradient_sync", "is_main_process",
-    "launch", "memory_per_rank", "nonfinite_flag", "rank_and_world_size", "rank_device",
-    "register_comm_hook", "shard_model", "single_process_group", "step_unless_any_rank_nonfinite",
-    "wrap_ddp",
+    "check_gradient_scale", "fsdp2_available", "global_token_count", "gradient_scale",
+    "gradient_sync", "init_from_env", "is_main_process", "launch", "load_sharded",
+    "memory_per_rank", "nonfinite_flag", "rank_and_world_size", "rank_device", "register_comm_hook",
+    "save_sharded", "shard_model", "single_process_group", "step_unless_any_rank_nonfinite",
+    "token_normalized_loss", "wrap_ddp",
 ]

@@ -1,4 +1,4 @@
-"""``python -m trainopt.perf.distributed``: see :mod:`trainopt.perf.distributed.cli`."""
+"""``python -m trainopt.perf.distributed``: the command line of ``trainopt.perf.distributed.cli``."""
 
 import sys
 

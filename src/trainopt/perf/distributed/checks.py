@@ -8,10 +8,12 @@ all-reduce counts, gradient errors. The functions live here, in an importable mo
 spawned processes import what they run.
 
 Run as a script, it measures the gradient error of the lossy DDP hooks and writes JSON, or runs
-every equivalence check (``--equivalence``, also under ``torchrun``)::
+every equivalence check (``--equivalence``, also under ``torchrun``):
 
-    python -m trainopt.perf.distributed --out docs/_data/distributed_compression.json
-    torchrun --standalone --nproc-per-node 2 -m trainopt.perf.distributed --equivalence
+.. code-block:: console
+
+    $ python -m trainopt.perf.distributed --out docs/_data/distributed_compression.json
+    $ torchrun --standalone --nproc-per-node 2 -m trainopt.perf.distributed --equivalence
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from trainopt.models import GPT, gpt_config, synthetic_batch
 from trainopt.perf.distributed.agreement import (
@@ -32,6 +35,7 @@ from trainopt.perf.distributed.agreement import (
     gradient_scale,
     step_unless_any_rank_nonfinite,
 )
+from trainopt.perf.distributed.checkpoint import load_sharded, save_sharded
 from trainopt.perf.distributed.ddp import (
     CommCounter,
     gradient_sync,
@@ -39,9 +43,11 @@ from trainopt.perf.distributed.ddp import (
     wrap_ddp,
 )
 from trainopt.perf.distributed.fsdp import full_tensors, shard_model
-from trainopt.perf.distributed.processes import (
-    rank_device,
-)
+from trainopt.perf.distributed.loss import IGNORE_INDEX, global_token_count, token_normalized_loss
+from trainopt.perf.distributed.processes import rank_device
+
+# Real tokens per sequence of the masked batch: micro-batches and ranks count different numbers.
+LENGTHS: tuple[int, ...] = (16, 16, 12, 16, 2, 5, 1, 9)
 
 
 def _batches(steps: int, global_batch: int, seq_len: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -132,9 +138,13 @@ def ddp_check(steps: int = 3, bucket_cap_mb: float = 25.0, seed: int = 0, lr: fl
 def fsdp_check(steps: int = 3, seed: int = 0, lr: float = 0.1) -> dict[str, Any]:
     """FSDP2 (blocks, then root) versus one fp32 process on the whole batch.
 
-    Returns ``max_param_diff`` (fp32 throughout) and ``max_param_diff_bf16``: with
-    ``param_dtype=torch.bfloat16`` forward, backward and the reduce-scatter run in bf16 while the
-    sharded weights and the optimizer stay fp32, so the difference is rounding, not zero.
+    Returns ``max_param_diff`` (fp32 throughout), ``max_param_diff_bf16``
+    (``param_dtype=torch.bfloat16``: forward, backward and, since ``reduce_dtype`` is ``None``,
+    the gradient reduce-scatter run in bf16) and ``max_param_diff_bf16_fp32_reduce``
+    (``reduce_dtype=torch.float32``: bf16 compute, fp32 reduce-scatter) and
+    ``max_param_diff_hsdp`` (fp32 on a 2-D ``("replicate", "shard")`` mesh of shape
+    ``(world_size, 1)``). The sharded weights and the optimizer stay fp32 in every case, so
+    the bf16 differences are rounding, not zero.
 
     Example:
         >>> from trainopt.perf.distributed import single_process_group
@@ -147,10 +157,14 @@ def fsdp_check(steps: int = 3, seed: int = 0, lr: float = 0.1) -> dict[str, Any]
     device = rank_device()
     batches = _batches(steps, 8, 16, seed)
     reference = _reference(batches, device, seed, lr)
+    hsdp = init_device_mesh(device.type, (dist.get_world_size(), 1), mesh_dim_names=("replicate", "shard"))
     result = {}
-    for key, param_dtype in (("max_param_diff", None), ("max_param_diff_bf16", torch.bfloat16)):
+    for key, param_dtype, reduce_dtype, mesh in (
+            ("max_param_diff", None, None, None), ("max_param_diff_bf16", torch.bfloat16, None, None),
+            ("max_param_diff_bf16_fp32_reduce", torch.bfloat16, torch.float32, None),
+            ("max_param_diff_hsdp", None, None, hsdp)):
         model = _model(device, seed)
-        shard_model(model, model.blocks, param_dtype=param_dtype)
+        shard_model(model, model.blocks, param_dtype=param_dtype, reduce_dtype=reduce_dtype, mesh=mesh)
         _train(model, batches, device, lr)
         result[key] = _max_param_diff(model, reference)
     return result
@@ -223,6 +237,97 @@ def summed_loss_check(seed: int = 0) -> dict[str, Any]:
     except GradientScaleError as exc:
         error = str(exc)
     return {"scale": scale, "error": error, "local_tokens": y.numel()}
+
+
+def sharded_checkpoint_check(directory: str, steps: int = 2, seed: int = 0) -> dict[str, Any]:
+    """Train FSDP2 with AdamW, save with DCP from every rank, and resume a fresh sharded copy.
+
+    Returns ``max_param_diff`` (resumed against saved weights, gathered), ``resumed_step``
+    (AdamW's step count after loading) and ``weights`` (the full weights by name, to compare
+    with a load into another layout).
+
+    Example:
+        >>> import tempfile
+        >>> from trainopt.perf.distributed import single_process_group
+        >>> from trainopt.perf.distributed.checks import sharded_checkpoint_check
+        >>> with single_process_group():
+        ...     result = sharded_checkpoint_check(tempfile.mkdtemp())
+        >>> result["max_param_diff"], result["resumed_step"]
+        (0.0, 2.0)
+    """
+    device = rank_device()
+    models = []
+    for offset in (0, 1):  # the trained model, and a differently initialised one to resume
+        model = _model(device, seed + offset)
+        shard_model(model, model.blocks)
+        models.append((model, torch.optim.AdamW(model.parameters(), lr=1e-3)))
+    (model, optimizer), (resumed, resumed_optimizer) = models
+    for batch in _batches(steps, 8, 16, seed):
+        x, y = _local(batch, device)
+        model(x, targets=y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    save_sharded(directory, model, optimizer)
+    load_sharded(directory, resumed, resumed_optimizer)
+    names = [name for name, _ in model.named_parameters()]
+    saved = full_tensors(p.detach() for p in model.parameters())
+    loaded = full_tensors(p.detach() for p in resumed.parameters())
+    step = next(iter(resumed_optimizer.state.values()))["step"]
+    return {"max_param_diff": max((a - b).abs().max().item() for a, b in zip(saved, loaded)),
+            "resumed_step": float(full_tensors([step])[0]),
+            "weights": {name: t.cpu() for name, t in zip(names, saved)}}
+
+
+def _flat_grad(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+def token_loss_check(accumulation_steps: int = 2, seed: int = 0,
+                     lengths: Sequence[int] = LENGTHS) -> dict[str, Any]:
+    """Padded sequences of different lengths: mean losses per rank or micro-batch against the token mean.
+
+    Sequence ``i`` of the batch counts its first ``lengths[i]`` targets; the rest are
+    ``IGNORE_INDEX`` (padding). The reference is one process's gradient of the mean over every
+    counted target of the whole batch. Each entry is a relative gradient error
+    ``‖g − g_ref‖ / ‖g_ref‖`` under DDP: ``naive_ranks`` (each rank's mean loss),
+    ``helper_ranks`` (:func:`~trainopt.perf.distributed.loss.token_normalized_loss`), and the
+    same with ``accumulation_steps`` micro-batches per rank (``naive_accumulation`` divides
+    each micro-batch's mean by the number of micro-batches). ``tokens_per_rank`` is this
+    rank's count.
+
+    Example:
+        >>> from trainopt.perf.distributed import single_process_group
+        >>> from trainopt.perf.distributed.checks import token_loss_check
+        >>> with single_process_group():
+        ...     result = token_loss_check()
+        >>> result["naive_accumulation"] > 1e-2, result["helper_accumulation"] < 1e-5
+        (True, True)
+    """
+    device = rank_device()
+    (batch,) = _batches(1, len(lengths), 16, seed)
+    x_all, y_all = batch
+    padding = torch.arange(y_all.shape[1]) >= torch.tensor(lengths)[:, None]
+    y_all = y_all.masked_fill(padding, IGNORE_INDEX)
+    reference = _model(device, seed)
+    reference(x_all.to(device), targets=y_all.to(device)).backward()
+    exact = _flat_grad(reference)
+    x, y = _local((x_all, y_all), device)
+    result: dict[str, Any] = {"tokens_per_rank": int((y != IGNORE_INDEX).sum())}
+    for name, steps in (("ranks", 1), ("accumulation", accumulation_steps)):
+        for kind in ("naive", "helper"):
+            model = wrap_ddp(_model(device, seed))
+            micro_batches = list(zip(x.chunk(steps), y.chunk(steps)))
+            tokens = global_token_count([ym for _, ym in micro_batches])
+            for i, (xm, ym) in enumerate(micro_batches):
+                with gradient_sync(model, enabled=i == steps - 1):
+                    if kind == "naive":
+                        loss = model(xm, targets=ym) / steps
+                    else:
+                        loss = token_normalized_loss(model(xm), ym, tokens)
+                    loss.backward()
+            error = (_flat_grad(model.module) - exact).norm() / exact.norm()
+            result[f"{kind}_{name}"] = error.item()
+    return result
 
 
 def rank_consistent_skip_check(steps: int = 3, bad_rank: int = 1, bad_step: int = 1,

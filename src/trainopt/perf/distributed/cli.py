@@ -21,12 +21,11 @@ from trainopt.perf.distributed.checks import (
     fsdp_check,
     rank_consistent_skip_check,
     summed_loss_check,
+    token_loss_check,
 )
 from trainopt.perf.distributed.compression import compression_check, measure_compression
 from trainopt.perf.distributed.fsdp import fsdp2_available
-from trainopt.perf.distributed.processes import (
-    launch,
-)
+from trainopt.perf.distributed.processes import init_from_env, launch
 
 
 def all_checks(sharded: bool | None = None) -> dict[str, Any]:
@@ -47,6 +46,7 @@ def all_checks(sharded: bool | None = None) -> dict[str, Any]:
         "ddp_static_graph_no_view": ddp_check(gradient_as_bucket_view=False, static_graph=True),
         "accumulation": accumulation_check(),
         "summed_loss": summed_loss_check(),
+        "token_loss": token_loss_check(),
         "compression": compression_check(),
         "skip": rank_consistent_skip_check(),
         "broadcast": broadcast_from_rank0(f"checkpoint chosen by rank {dist.get_rank()}"),
@@ -59,7 +59,7 @@ def all_checks(sharded: bool | None = None) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``--out FILE`` measures the lossy hooks, ``--equivalence`` runs the checks.
+    r"""Command line: ``--out FILE`` measures the lossy hooks, ``--equivalence`` runs the checks.
 
     Example:
         >>> from trainopt.config.cli import run_command
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise UsageError("--out/--equivalence", "give --out FILE, --equivalence, or both")
     if args.equivalence:
         if "RANK" in os.environ:  # started by torchrun: this process is one rank
-            dist.init_process_group()
+            init_from_env()
             results = all_checks()
             dist.destroy_process_group()
         else:

@@ -56,7 +56,8 @@ def fsdp2_available() -> bool:
 
 def shard_model(model: nn.Module, blocks: Iterable[nn.Module], *,
                 param_dtype: torch.dtype | None = None,
-                reduce_dtype: torch.dtype | None = None, reshard_after_forward: bool = True) -> nn.Module:
+                reduce_dtype: torch.dtype | None = None, reshard_after_forward: bool = True,
+                mesh: Any = None) -> nn.Module:
     """Shard ``model`` with FSDP2: each block first, then the root for what is left.
 
     Each ``fully_shard(block)`` makes the block one communication unit: its parameters are
@@ -69,9 +70,13 @@ def shard_model(model: nn.Module, blocks: Iterable[nn.Module], *,
         blocks: The sub-modules to shard one by one (a transformer's blocks), bottom-up.
         param_dtype: Dtype of the unsharded parameters in forward and backward (``bfloat16``
             for mixed precision); ``None`` keeps the stored dtype.
-        reduce_dtype: Dtype of the gradient reduce-scatter; ``None`` uses ``param_dtype``.
+        reduce_dtype: Dtype of the gradient reduce-scatter; ``None`` reduces in
+            ``param_dtype`` (bf16 gradients summed in bf16). ``torch.float32`` is the usual
+            choice with a bf16 ``param_dtype``.
         reshard_after_forward: Free the gathered parameters after forward (ZeRO-3); ``False``
             keeps them until backward (ZeRO-2-like: more memory, one all-gather less).
+        mesh: A ``DeviceMesh``; ``None`` shards over every rank. A 2-D mesh with dimensions
+            ``("replicate", "shard")`` gives HSDP: shard within a node, replicate across nodes.
 
     Returns:
         ``model``, now an ``FSDPModule`` whose parameters are ``DTensor`` shards.
@@ -90,9 +95,8 @@ def shard_model(model: nn.Module, blocks: Iterable[nn.Module], *,
     """
     fsdp = load_fsdp2()
     policy = fsdp.MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    for block in blocks:
-        fsdp.fully_shard(block, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fsdp.fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    for module in [*blocks, model]:
+        fsdp.fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     return model
 
 

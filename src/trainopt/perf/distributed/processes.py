@@ -74,6 +74,44 @@ def rank_device() -> torch.device:
     return torch.device("cpu")
 
 
+def init_from_env(backend: str | None = None) -> torch.device:
+    """Join the process group that ``torchrun`` describes in the environment; return the device.
+
+    Reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (``init_method="env://"``).
+    Under NCCL it first calls ``torch.cuda.set_device(LOCAL_RANK)``: without it every process
+    of a node creates its NCCL communicator and its first allocations on ``cuda:0``, which
+    runs that GPU out of memory or hangs the first collective.
+
+    Args:
+        backend: ``"nccl"`` or ``"gloo"``; ``None`` picks NCCL when CUDA is available.
+
+    Returns:
+        ``cuda:<LOCAL_RANK>`` under NCCL, else the CPU.
+
+    Example:
+        >>> import os
+        >>> from unittest import mock
+        >>> import torch.distributed as dist
+        >>> from trainopt.perf.distributed import init_from_env
+        >>> from trainopt.perf.distributed.processes import free_port
+        >>> env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+        ...        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        >>> with mock.patch.dict(os.environ, env):
+        ...     device = init_from_env("gloo")
+        >>> device, dist.get_world_size()
+        (device(type='cpu'), 1)
+        >>> dist.destroy_process_group()
+    """
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method="env://")
+    return device
+
+
 @contextlib.contextmanager
 def single_process_group(backend: str = "gloo") -> Iterator[None]:
     """A process group of this one process (world size 1): run distributed code without spawning.
@@ -103,11 +141,9 @@ def _run_rank(rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, port:
               backend: str, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs))
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    else:  # as torchrun does: N processes must not each start one thread per core
+    if backend == "gloo":  # as torchrun does: N processes must not each start one thread per core
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))
-    dist.init_process_group(backend, init_method="env://")
+    init_from_env(backend)
     try:
         result = fn(*args)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
