@@ -9,12 +9,15 @@
 - :mod:`~trainopt.diagnostics.findings` and :mod:`~trainopt.diagnostics.advice`: the symptoms, a
   finding, and the cause and fix of each symptom in its context.
 - :mod:`~trainopt.diagnostics.records`: reading a run's records (JSON Lines or dicts).
+- :mod:`~trainopt.diagnostics.generate`: fresh training runs with a known cause, the runs
+  ``diagnose`` is tested on.
 - :mod:`~trainopt.diagnostics.runs` and :mod:`~trainopt.diagnostics.plots`: the recorded runs of
   the troubleshooting page, and its figures and tables (demonstrations).
 """
 
 from trainopt.diagnostics.findings import SYMPTOMS, Finding
+from trainopt.diagnostics.generate import generate_run
 from trainopt.diagnostics.records import load_records
 from trainopt.diagnostics.symptoms import diagnose
 
-__all__ = ["SYMPTOMS", "Finding", "diagnose", "load_records"]
+__all__ = ["SYMPTOMS", "Finding", "diagnose", "generate_run", "load_records"]
