@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainopt.data import path
+from trainopt.diagnostics.advice import ADVICE, AFTER_BLOW_UP, BESIDE_BLOW_UP, EARLY
 from trainopt.diagnostics.records import load_records
 from trainopt.diagnostics.symptoms import DEFAULTS, SYMPTOMS, Finding, diagnose
 from trainopt.diagnostics.runs import FAULTS
@@ -155,16 +156,21 @@ def test_unknown_threshold_is_rejected_with_the_allowed_names() -> None:
 
 def test_thresholds_can_be_tightened() -> None:
     records = _healthy()
+    for r in records:
+        r["grad_norm"] = 0.5 + 0.01 * math.sin(r["step"])
     records[150]["grad_norm"] *= 4
     assert diagnose(records) == []
     assert diagnose(records, grad_spike_ratio=3.0)[0].symptom == "gradient_explosion"
 
 
-@pytest.mark.parametrize("symptom", SYMPTOMS)
-def test_every_fix_names_a_call_and_links_a_section_of_the_troubleshooting_page(symptom: str) -> None:
-    from trainopt.diagnostics import advice as diagnostics
+ALL_ADVICE = [(f"{name}[{symptom}]", entry) for name, table in (
+    ("ADVICE", ADVICE), ("EARLY", EARLY), ("AFTER_BLOW_UP", AFTER_BLOW_UP), ("BESIDE_BLOW_UP", BESIDE_BLOW_UP))
+    for symptom, entry in table.items()]
 
-    cause, fix, see = diagnostics.ADVICE[symptom]
+
+@pytest.mark.parametrize(("where", "entry"), ALL_ADVICE, ids=[where for where, _ in ALL_ADVICE])
+def test_every_fix_names_a_call_and_links_a_section_of_the_troubleshooting_page(where: str, entry) -> None:
+    cause, fix, see, _ = entry
     assert cause and re.search(r"(trainopt\.\w+|torch\.\w+)", fix)
     page, anchor = see.split("#")
     text = (ROOT / "docs" / page).read_text()
@@ -192,12 +198,14 @@ def test_no_false_alarm_on_any_decaying_loss(offset: float, height: float, tau: 
     assert diagnose(records) == []
 
 
+def test_every_symptom_has_advice() -> None:
+    assert set(ADVICE) == set(SYMPTOMS)
+
+
 def test_every_trainopt_object_a_fix_names_exists() -> None:
     import importlib
 
-    from trainopt.diagnostics import advice as diagnostics
-
-    for cause, fix, _ in diagnostics.ADVICE.values():
+    for _, (cause, fix, _, _) in ALL_ADVICE:
         for dotted in re.findall(r"trainopt(?:\.\w+)+", fix):
             try:
                 importlib.import_module(dotted)

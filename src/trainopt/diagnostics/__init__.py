@@ -1,14 +1,23 @@
 """Troubleshooting: name the likely problem of a run from its logged metrics.
 
-- :mod:`~trainopt.diagnostics.symptoms`: :func:`~trainopt.diagnostics.symptoms.diagnose` and
-  the checks behind each symptom.
-- :mod:`~trainopt.diagnostics.advice`: the cause and the fix of each symptom.
+- :mod:`~trainopt.diagnostics.symptoms`: :func:`~trainopt.diagnostics.symptoms.diagnose`, which
+  runs the checks of :mod:`~trainopt.diagnostics.explosions` (from the first step on),
+  :mod:`~trainopt.diagnostics.dynamics` (the shape of the loss) and
+  :mod:`~trainopt.diagnostics.resources` (memory, step time, communication), on the robust
+  statistics of :mod:`~trainopt.diagnostics.robust`.
+- :mod:`~trainopt.diagnostics.causes`: root cause first, and what followed a blow-up tied to it.
+- :mod:`~trainopt.diagnostics.findings` and :mod:`~trainopt.diagnostics.advice`: the symptoms, a
+  finding, and the cause and fix of each symptom in its context.
 - :mod:`~trainopt.diagnostics.records`: reading a run's records (JSON Lines or dicts).
+- :mod:`~trainopt.diagnostics.generate`: fresh training runs with a known cause, the runs
+  ``diagnose`` is tested on.
 - :mod:`~trainopt.diagnostics.runs` and :mod:`~trainopt.diagnostics.plots`: the recorded runs of
-  the troubleshooting page, and their figure and table (demonstrations).
+  the troubleshooting page, and its figures and tables (demonstrations).
 """
 
+from trainopt.diagnostics.findings import SYMPTOMS, Finding
+from trainopt.diagnostics.generate import generate_run
 from trainopt.diagnostics.records import load_records
-from trainopt.diagnostics.symptoms import SYMPTOMS, Finding, diagnose
+from trainopt.diagnostics.symptoms import diagnose
 
-__all__ = ["SYMPTOMS", "Finding", "diagnose", "load_records"]
+__all__ = ["SYMPTOMS", "Finding", "diagnose", "generate_run", "load_records"]

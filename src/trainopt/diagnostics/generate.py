@@ -1,0 +1,148 @@
+"""Fresh training runs with a known cause: the runs :func:`~trainopt.diagnostics.diagnose` is proven on.
+
+The troubleshooting page's recorded runs (:mod:`~trainopt.diagnostics.runs`) were there while
+``diagnose`` was written. These are generated on demand, with other seeds, model widths and
+optimizers, and with faults as they happen in practice. Each trains :func:`trainopt.models.digits_mlp`
+on scikit-learn's digits for a few hundred steps on one CPU thread (well under a second) and
+logs ``step``, ``loss``, ``grad_norm`` (before any clipping) and ``lr``: what the page asks a
+user to log.
+
+The causes, with SGD (momentum 0.9; healthy at lr 0.05) or AdamW (healthy at lr 1e-3):
+
+- ``healthy``: the healthy settings.
+- ``lr_too_high``: SGD at lr 2.0, AdamW at 0.3: blown up in the first 10 steps.
+- ``lr_too_low``: SGD at 1e-3, AdamW at 3e-5: the loss hardly moves.
+- ``gradient_spike``: one batch from a corrupt shard (features 30x, labels shifted) at a step
+  in the middle third of the run.
+- ``nan_sample``: one sample with a NaN feature, at a step in the middle third.
+- ``high_momentum`` (SGD only): momentum 0.99 at lr 0.02, an effective step four times the
+  healthy one: the loss swings and spikes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from trainopt.models import digits_data, digits_mlp
+
+CAUSES = ("healthy", "lr_too_high", "lr_too_low", "gradient_spike", "nan_sample", "high_momentum")
+"""The known causes a generated run can have."""
+
+OPTIMIZERS = ("sgd", "adamw")
+"""SGD with momentum, and AdamW."""
+
+FITTING: dict[str, frozenset[str]] = {
+    "healthy": frozenset(),
+    "lr_too_high": frozenset({"loss_explosion", "gradient_explosion", "diverging", "nan_inf"}),
+    "lr_too_low": frozenset({"plateau", "slow_convergence"}),
+    "gradient_spike": frozenset({"gradient_explosion", "loss_explosion"}),
+    "nan_sample": frozenset({"nan_inf"}),
+    "high_momentum": frozenset({"oscillating", "diverging", "loss_explosion", "gradient_explosion"}),
+}
+"""For each cause, the symptoms whose advice fits it: the first finding should be one of them."""
+
+HEALTHY = {"sgd": (0.05, 0.9), "adamw": (1e-3, None)}
+SETTINGS: dict[tuple[str, str], tuple[float, float | None]] = {
+    **{(cause, opt): HEALTHY[opt] for cause in ("healthy", "gradient_spike", "nan_sample") for opt in OPTIMIZERS},
+    ("lr_too_high", "sgd"): (2.0, 0.9), ("lr_too_high", "adamw"): (0.3, None),
+    ("lr_too_low", "sgd"): (1e-3, 0.9), ("lr_too_low", "adamw"): (3e-5, None),
+    ("high_momentum", "sgd"): (0.02, 0.99),
+}
+"""``(cause, optimizer) -> (learning rate, SGD momentum)``: the combinations that are generated."""
+
+
+class RunSpec(NamedTuple):
+    """One generated run: its cause, optimizer, hidden width and seed.
+
+    Example:
+        >>> from trainopt.diagnostics.generate import RunSpec
+        >>> RunSpec("lr_too_high", "sgd", 128, 0).cause
+        'lr_too_high'
+    """
+
+    cause: str
+    optimizer: str
+    hidden: int
+    seed: int
+
+
+def run_grid(seeds: tuple[int, ...] = (0, 1, 2), widths: tuple[int, ...] = (32, 128)) -> list[RunSpec]:
+    """Every cause with every optimizer it applies to, on each seed and hidden width.
+
+    Example:
+        >>> from trainopt.diagnostics.generate import run_grid
+        >>> grid = run_grid()
+        >>> len(grid), sum(spec.cause == "healthy" for spec in grid)
+        (66, 12)
+    """
+    return [RunSpec(cause, opt, hidden, seed) for (cause, opt) in SETTINGS for hidden in widths for seed in seeds]
+
+
+def _fault_step(seed: int, steps: int) -> int:
+    """A step in the middle third of the run, drawn from the seed."""
+    g = torch.Generator().manual_seed(10_000 + seed)
+    return int(torch.randint(steps // 3, max(steps // 3 + 1, 2 * steps // 3), (1,), generator=g))
+
+
+def generate_run(
+    cause: str = "healthy", optimizer: str = "sgd", hidden: int = 128, seed: int = 0, steps: int = 300,
+    batch_size: int = 64,
+) -> list[dict[str, Any]]:
+    """Train the digits MLP with a known ``cause`` of trouble; return one record per step.
+
+    Args:
+        cause: One of :data:`CAUSES`.
+        optimizer: ``"sgd"`` (with momentum) or ``"adamw"``; see :data:`SETTINGS` for the pairs.
+        hidden: Width of the MLP's two hidden layers.
+        seed: Seeds the model, the batches and the step of a fault.
+        steps: Optimizer steps.
+        batch_size: Samples per step.
+
+    Returns:
+        Records ``{"step", "loss", "grad_norm", "lr"}``, the gradient norm taken before the step.
+
+    Example:
+        >>> from trainopt.diagnostics.generate import generate_run
+        >>> records = generate_run("lr_too_high", "sgd", steps=12)
+        >>> sorted(records[0]), records[0]["loss"] < 2.5 < max(r["loss"] for r in records)
+        (['grad_norm', 'loss', 'lr', 'step'], True)
+    """
+    if (cause, optimizer) not in SETTINGS:
+        raise ValueError(f"(cause, optimizer) must be one of {sorted(SETTINGS)}, got {(cause, optimizer)!r}")
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps=}")
+    lr, momentum = SETTINGS[cause, optimizer]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # seconds per run on one core, and the same numbers on any machine
+    try:
+        x, y, _, _ = digits_data(seed=seed)
+        model = digits_mlp(hidden=hidden, seed=seed)
+        params = list(model.parameters())
+        opt = (torch.optim.SGD(params, lr=lr, momentum=momentum) if optimizer == "sgd"
+               else torch.optim.AdamW(params, lr=lr))
+        batches = torch.Generator().manual_seed(seed)
+        fault = _fault_step(seed, steps)
+        losses, norms = [], []
+        for step in range(steps):
+            idx = torch.randint(0, len(x), (batch_size,), generator=batches)
+            xb, yb = x[idx], y[idx]
+            if cause == "gradient_spike" and step == fault:  # a corrupt shard: unnormalised, labels shifted
+                xb, yb = xb * 30.0, (yb + 1) % 10
+            if cause == "nan_sample" and step == fault:
+                xb = xb.clone()
+                xb[0, 0] = math.nan
+            loss = F.cross_entropy(model(xb), yb)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            norms.append(torch.nn.utils.clip_grad_norm_(params, math.inf))  # the norm only: no clipping
+            opt.step()
+            losses.append(loss.detach())
+    finally:
+        torch.set_num_threads(threads)
+    # Read on the host once, at the end: the loop itself makes no host-device sync.
+    loss_values, norm_values = torch.stack(losses).tolist(), torch.stack(norms).tolist()
+    return [{"step": t, "loss": loss_values[t], "grad_norm": norm_values[t], "lr": lr} for t in range(steps)]
