@@ -30,7 +30,8 @@ from trainopt.stability.recovery import (
 )
 from trainopt.stability.rng import get_rng_state, set_rng_state
 from trainopt.stability.scaling import DynamicLossScaler
-from trainopt.stability.skip import masked_step
+from trainopt.stability.optimizers import UnsupportedOptimizerError, check_skippable, skips_in_kernel
+from trainopt.stability.skip import fused_step, masked_step
 from trainopt.stability.stabilizer import StabilityChecker, TrainingStabilizer
 from trainopt.stability.statistics import nanmedian, robust_zscore
 from trainopt.stability.syncs import HostSyncCounter
@@ -39,7 +40,7 @@ __all__ = [
     "AdaptiveGradientClipper", "CheckpointError", "CheckpointManager", "DynamicLossScaler",
     "GradientMonitor", "HostSyncCounter", "LossSpikeDetector", "LossStabilityMonitor",
     "StabilityChecker", "TrainingInstabilityError", "TrainingRecovery", "TrainingStabilizer",
-    "ZScoreClipper", "adaptive_clip_grad_", "clip_gradients", "clip_grads_with_norm_",
-    "get_rng_state", "masked_step", "nanmedian", "nonfinite_gradients", "robust_zscore",
-    "scale_learning_rate", "set_rng_state", "total_grad_norm",
+    "UnsupportedOptimizerError", "ZScoreClipper", "adaptive_clip_grad_", "check_skippable",
+    "clip_gradients", "clip_grads_with_norm_", "fused_step", "get_rng_state", "masked_step", "nanmedian", "nonfinite_gradients", "robust_zscore",
+    "scale_learning_rate", "set_rng_state", "skips_in_kernel", "total_grad_norm",
 ]

@@ -38,7 +38,8 @@ from trainopt.stability.clipping import clip_grads_with_norm_
 from trainopt.stability.gradients import GradientMonitor
 from trainopt.stability.monitors import LossStabilityMonitor
 from trainopt.stability.scaling import DynamicLossScaler
-from trainopt.stability.skip import masked_step
+from trainopt.stability.optimizers import check_skippable, skips_in_kernel
+from trainopt.stability.skip import fused_step, masked_step
 
 _DTYPES = {None: None, "fp32": None, "float32": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
            "fp16": torch.float16, "float16": torch.float16}
@@ -139,11 +140,6 @@ class StabilityChecker:
         self.flagged = state["flagged"].detach().clone().to(self.flagged.device)
 
 
-def _supports_found_inf(optimizer: torch.optim.Optimizer) -> bool:
-    """Fused Adam/AdamW/SGD take ``found_inf`` and skip inside their kernel."""
-    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
-
-
 class TrainingStabilizer:
     """One call per training step: autocast, scaling, monitoring, clipping, a guarded update.
 
@@ -214,6 +210,7 @@ class TrainingStabilizer:
             raise ValueError(f"check_every must be a positive int, got {check_every=}")
         if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
             raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm=}")
+        check_skippable(optimizer)
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -227,7 +224,7 @@ class TrainingStabilizer:
         self.checker = checker or StabilityChecker(optimizer, check_every=check_every)
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.device = self.params[0].device
-        self.fused = _supports_found_inf(optimizer)
+        self.fused = skips_in_kernel(optimizer)
         self.steps = 0
         self.skipped = torch.zeros((), dtype=torch.long, device=self.device)
         self.total_skipped = 0  # skipped steps on the current trajectory (rewound on rollback)
@@ -285,11 +282,7 @@ class TrainingStabilizer:
     def _optimizer_step(self, skip: torch.Tensor) -> None:
         found_inf = skip.to(torch.float32)
         if self.fused:
-            self.optimizer.found_inf = found_inf  # type: ignore[attr-defined]
-            try:
-                self.optimizer.step()
-            finally:
-                del self.optimizer.found_inf  # type: ignore[attr-defined]
+            fused_step(self.optimizer, found_inf)
         else:
             masked_step(self.optimizer, found_inf)
 
