@@ -23,11 +23,8 @@ from trainopt.stability.clipping import (
 )
 from trainopt.stability.gradients import GradientMonitor, nonfinite_gradients
 from trainopt.stability.monitors import LossSpikeDetector, LossStabilityMonitor
-from trainopt.stability.recovery import (
-    TrainingInstabilityError,
-    TrainingRecovery,
-    scale_learning_rate,
-)
+from trainopt.stability.rates import UnsupportedSchedulerError, check_scalable, lr_scale, scale_learning_rate
+from trainopt.stability.recovery import TrainingInstabilityError, TrainingRecovery
 from trainopt.stability.rng import get_rng_state, set_rng_state
 from trainopt.stability.scaling import DynamicLossScaler
 from trainopt.stability.optimizers import UnsupportedOptimizerError, check_skippable, skips_in_kernel
@@ -40,7 +37,7 @@ __all__ = [
     "AdaptiveGradientClipper", "CheckpointError", "CheckpointManager", "DynamicLossScaler",
     "GradientMonitor", "HostSyncCounter", "LossSpikeDetector", "LossStabilityMonitor",
     "StabilityChecker", "TrainingInstabilityError", "TrainingRecovery", "TrainingStabilizer",
-    "UnsupportedOptimizerError", "ZScoreClipper", "adaptive_clip_grad_", "check_skippable",
+    "UnsupportedOptimizerError", "UnsupportedSchedulerError", "check_scalable", "lr_scale", "ZScoreClipper", "adaptive_clip_grad_", "check_skippable",
     "clip_gradients", "clip_grads_with_norm_", "fused_step", "get_rng_state", "masked_step", "nanmedian", "nonfinite_gradients", "robust_zscore",
     "scale_learning_rate", "set_rng_state", "skips_in_kernel", "total_grad_norm",
 ]
