@@ -101,3 +101,33 @@ def test_a_checkpoint_that_fits_loads_every_piece(tmp_path) -> None:
     assert_same(_states(target), _states(saved))
 
 
+
+
+def _stabilized(folder, clipper: bool, seed: int):
+    from trainopt.stability.clipping import ZScoreClipper
+    from trainopt.stability.recovery import TrainingRecovery
+    from trainopt.stability.stabilizer import TrainingStabilizer
+
+    run = _run(seed=seed, steps=0)
+    recovery = TrainingRecovery(run["model"], run["optimizer"], CheckpointManager(folder, save_frequency=5),
+                                scheduler=run["scheduler"])
+    stabilizer = TrainingStabilizer(run["model"], run["optimizer"], run["scheduler"], check_every=5,
+                                    recovery=recovery, clipper=ZScoreClipper() if clipper else None)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(5 + seed):
+        xb, yb = torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)
+        stabilizer.step(lambda: F.cross_entropy(run["model"](xb), yb))
+    return stabilizer, {**run, "recovery": recovery, "stabilizer": stabilizer}
+
+
+def test_a_stabilizer_checkpoint_that_does_not_fit_the_stabilizer_changes_nothing(tmp_path) -> None:
+    """Saved with a clipper, resumed without: the stabilizer piece is the misfit, found after the
+    optimizer, the scheduler and the recovery went in (the model goes in last); all come back."""
+    _stabilized(tmp_path, clipper=True, seed=0)  # writes checkpoint_step_5.pt
+    target, objects = _stabilized(tmp_path / "other", clipper=False, seed=1)
+    objects.pop("scaler")
+    before = _states(objects)
+    with pytest.raises(CheckpointError, match=r"does not fit the extra\['stabilizer'\]: KeyError: .*clipper"):
+        target.recovery.checkpoint_manager = CheckpointManager(tmp_path)
+        target.resume()
+    assert_same(_states(objects), before)
