@@ -1,6 +1,7 @@
 """Training stability: the code of the Training Stability page.
 
-- :mod:`~trainopt.stability.clipping`: gradient clipping by global norm, by history, unit-wise.
+- :mod:`~trainopt.stability.clipping` and :mod:`~trainopt.stability.unitwise`: gradient clipping by
+  global norm, by history, unit-wise.
 - :mod:`~trainopt.stability.scaling` and :mod:`~trainopt.stability.skip`: dynamic loss scaling
   and skipping a step on the device; :mod:`~trainopt.stability.optimizers`: which optimizers a
   step can be skipped for exactly.
@@ -24,7 +25,6 @@ from trainopt.stability.checkpoint import CheckpointError, CheckpointManager
 from trainopt.stability.clipping import (
     AdaptiveGradientClipper,
     ZScoreClipper,
-    adaptive_clip_grad_,
     clip_gradients,
     clip_grads_with_norm_,
     total_grad_norm,
@@ -42,6 +42,7 @@ from trainopt.stability.skip import fused_step, masked_step
 from trainopt.stability.stabilizer import TrainingStabilizer
 from trainopt.stability.statistics import nanmedian, robust_zscore
 from trainopt.stability.syncs import HostSyncCounter
+from trainopt.stability.unitwise import adaptive_clip_grad_
 
 __all__ = [
     "AdaptiveGradientClipper", "CheckpointError", "CheckpointManager", "DynamicLossScaler",
