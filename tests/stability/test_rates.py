@@ -11,63 +11,17 @@ to reach each schedule's floor and end. A scheduler that cannot hold this is ref
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 from torch.optim import lr_scheduler as ls
 
-from trainopt.schedules import AdaptiveLearningRate, PolynomialDecaySchedule, build_scheduler
-from trainopt.schedules.registry import registered_schedulers
+from scheduler_configs import SCHEDULERS, STEPS, TORCH, two_groups
+from trainopt.schedules import AdaptiveLearningRate
 from trainopt.stability.rates import UnsupportedSchedulerError, check_scalable, lr_scale, scale_learning_rate
 
-STEPS = 60
 CUTS = {3: 0.5, 17: 0.3}
-
-TORCH: dict[str, Callable[[torch.optim.Optimizer], Any]] = {
-    "LambdaLR": lambda o: ls.LambdaLR(o, lambda e: 0.95**e),
-    "MultiplicativeLR": lambda o: ls.MultiplicativeLR(o, lambda e: 0.97),
-    "StepLR": lambda o: ls.StepLR(o, step_size=5, gamma=0.5),
-    "MultiStepLR": lambda o: ls.MultiStepLR(o, milestones=[5, 15, 30], gamma=0.3),
-    "ConstantLR": lambda o: ls.ConstantLR(o, factor=0.5, total_iters=8),
-    "LinearLR": lambda o: ls.LinearLR(o, start_factor=0.2, total_iters=10),
-    "ExponentialLR": lambda o: ls.ExponentialLR(o, gamma=0.9),
-    "SequentialLR": lambda o: ls.SequentialLR(o, [ls.LinearLR(o, start_factor=0.1, total_iters=5),
-                                                   ls.CosineAnnealingLR(o, T_max=20, eta_min=0.02),
-                                                   ls.ExponentialLR(o, gamma=0.9)], milestones=[5, 30]),
-    "PolynomialLR": lambda o: ls.PolynomialLR(o, total_iters=40, power=2.0),
-    "CosineAnnealingLR": lambda o: ls.CosineAnnealingLR(o, T_max=15, eta_min=0.01),
-    "ChainedScheduler": lambda o: ls.ChainedScheduler([ls.ConstantLR(o, factor=0.5, total_iters=6),
-                                                       ls.CosineAnnealingLR(o, T_max=25, eta_min=0.005)]),
-    "ReduceLROnPlateau": lambda o: ls.ReduceLROnPlateau(o, factor=0.5, patience=1, min_lr=0.004),
-    "CyclicLR": lambda o: ls.CyclicLR(o, base_lr=[0.01, 0.005], max_lr=[0.1, 0.05], step_size_up=4,
-                                      mode="triangular2"),
-    "OneCycleLR": lambda o: ls.OneCycleLR(o, max_lr=[0.1, 0.05], total_steps=STEPS),
-    "CosineAnnealingWarmRestarts": lambda o: ls.CosineAnnealingWarmRestarts(o, T_0=5, T_mult=2, eta_min=0.01),
-}
-
-REGISTERED = {
-    "linear_warmup_decay": {"total_steps": 40, "warmup_steps": 5},
-    "cosine_annealing": {"total_steps": 40, "warmup_steps": 5, "min_lr": 0.01},
-    "step_decay": {"decay_steps": 10, "decay_rate": 0.5},
-    "wsd": {"total_steps": 40, "warmup_steps": 5, "decay_steps": 10, "min_lr": 0.01},
-    "cyclical": {"base_lr": 0.01, "max_lr": 0.1, "step_size": 4, "mode": "triangular2"},
-}
-
-PROJECT: dict[str, Callable[[torch.optim.Optimizer], Any]] = {
-    **{f"registry: {name}": (lambda o, n=name: build_scheduler(o, {"type": n, **REGISTERED[n]}))
-       for name in registered_schedulers()},
-    "PolynomialDecaySchedule": lambda o: PolynomialDecaySchedule(0.1, total_steps=40, warmup_steps=5,
-                                                                 min_lr=0.01).as_lr_scheduler(o),
-    "AdaptiveLearningRate": lambda o: AdaptiveLearningRate(o, initial_lr=0.1, min_lr=0.02, window=3),
-}
-SCHEDULERS = {**TORCH, **PROJECT}
-
-
-def _optimizer() -> torch.optim.Optimizer:
-    a, b = torch.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)
-    return torch.optim.SGD([{"params": [a], "lr": 0.1}, {"params": [b], "lr": 0.05}], lr=0.1, momentum=0.9)
 
 
 def _metric(step: int) -> float:
@@ -92,7 +46,7 @@ def _lrs(optimizer: torch.optim.Optimizer) -> list[float]:
 
 @pytest.mark.parametrize("make", SCHEDULERS.values(), ids=SCHEDULERS.keys())
 def test_after_a_cut_every_later_rate_is_the_cut_times_the_twin_run_floors_included(make) -> None:
-    opt, twin = _optimizer(), _optimizer()
+    opt, twin = two_groups(), two_groups()
     sched, twin_sched = make(opt), make(twin)
     factor, seen = 1.0, set()
     for step in range(STEPS):
@@ -116,7 +70,7 @@ def test_every_scheduler_class_of_torch_is_covered() -> None:
 
 def test_the_floors_are_reached_and_cut_too() -> None:
     """Without the floors scaled, the cut run would sit on the twin's floor: the cases above bite."""
-    opt, twin = _optimizer(), _optimizer()
+    opt, twin = two_groups(), two_groups()
     sched = ls.CosineAnnealingLR(opt, T_max=5, eta_min=0.01)
     twin_sched = ls.CosineAnnealingLR(twin, T_max=5, eta_min=0.01)
     scale_learning_rate(opt, 0.5, sched)
@@ -131,7 +85,7 @@ def test_a_scheduler_it_does_not_know_is_refused_by_name_and_nothing_changes() -
         def get_lr(self):  # keeps its own rates: scaling base_lrs would not reach them
             return [0.1 * 0.5 ** (self.last_epoch // 5) for _ in self.optimizer.param_groups]
 
-    opt = _optimizer()
+    opt = two_groups()
     sched = Halving(opt, step_size=5)
     before = (_lrs(opt), list(sched.base_lrs))
     with pytest.raises(UnsupportedSchedulerError, match="Halving"):
@@ -143,10 +97,10 @@ def test_a_scheduler_it_does_not_know_is_refused_by_name_and_nothing_changes() -
 
 
 def test_the_cut_survives_a_checkpoint_of_optimizer_and_scheduler() -> None:
-    opt, twin = _optimizer(), _optimizer()
+    opt, twin = two_groups(), two_groups()
     sched, twin_sched = TORCH["CyclicLR"](opt), TORCH["CyclicLR"](twin)
     scale_learning_rate(opt, 0.5, sched)
-    restored_opt = _optimizer()
+    restored_opt = two_groups()
     restored = TORCH["CyclicLR"](restored_opt)
     restored_opt.load_state_dict(opt.state_dict())
     restored.load_state_dict(sched.state_dict())

@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from optimizer_configs import assert_same
+from optimizer_configs import HELD, assert_same, ids
+from scheduler_configs import SCHEDULERS, two_groups
 from trainopt.stability.scaling import DynamicLossScaler
 from trainopt.schedules.adapters import cosine_annealing_schedule
 from trainopt.stability.stabilizer import StabilityChecker, TrainingStabilizer
@@ -58,19 +59,12 @@ def test_clean_steps_match_a_plain_clipped_adamw_loop() -> None:
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
-OPTIMIZERS = {
-    "fused AdamW": lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True),
-    "fused SGD": lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, fused=True),
-    "SGD momentum (masked step)": lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9),
-    "RMSprop (masked step)": lambda p: torch.optim.RMSprop(p, lr=1e-3),
-}
-
-
-@pytest.mark.parametrize("make_optimizer", OPTIMIZERS.values(), ids=OPTIMIZERS.keys())
+@pytest.mark.parametrize("config", HELD, ids=ids(HELD))
 @pytest.mark.parametrize("factor", [math.nan, math.inf], ids=["nan", "inf"])
-def test_nonfinite_gradients_never_reach_weights_or_optimizer_state(make_optimizer, factor: float) -> None:
-    model, x, y = _task()
-    opt = make_optimizer(model.parameters())
+def test_nonfinite_gradients_never_reach_weights_or_optimizer_state(config, factor: float) -> None:
+    model = config.model()
+    opt = config.build(model.parameters())
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
     stabilizer = TrainingStabilizer(model, opt, check_every=100)
     for _ in range(3):
         stabilizer.step(_loss(model, x, y))
@@ -129,14 +123,36 @@ def test_skipped_steps_do_not_advance_a_lambda_schedule() -> None:
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 * sched.lr_lambdas[0](16))
 
 
-def test_other_schedulers_hold_still_for_the_skipped_steps() -> None:
+HOLD_STILL = {name: make for name, make in SCHEDULERS.items()
+              if name not in ("LambdaLR", "ReduceLROnPlateau", "AdaptiveLearningRate")
+              and not name.startswith("registry: ") or name == "registry: cyclical"}
+
+
+@pytest.mark.parametrize("make", HOLD_STILL.values(), ids=HOLD_STILL.keys())
+def test_other_schedulers_hold_still_for_the_skipped_steps(make) -> None:
+    """Every scheduler that is not a LambdaLR: 3 steps skipped before the boundary at 10, and 3
+    steps after it the schedule is where 10 applied steps put a twin scheduler."""
     model, x, y = _task()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    first, second = list(model[0].parameters()), list(model[2].parameters())
+    opt = torch.optim.SGD([{"params": first, "lr": 0.1}, {"params": second, "lr": 0.05}], lr=0.1, momentum=0.9)
+    twin_opt = two_groups()
+    sched, twin = make(opt), make(twin_opt)
+    stabilizer = TrainingStabilizer(model, opt, sched, check_every=10)
+    _nan_at({2, 5, 7}, stabilizer, model, x, y, total=13)
+    for _ in range(10):
+        twin_opt.step()
+        twin.step()
+    assert stabilizer.applied_steps == 10
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([g["lr"] for g in twin_opt.param_groups])
+
+
+def test_a_lambda_schedule_is_rewound_at_the_boundary_while_others_hold_still_after_it() -> None:
+    model, x, y = _task()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
     stabilizer = TrainingStabilizer(model, opt, sched, check_every=10)
-    _nan_at({2, 5, 7}, stabilizer, model, x, y, total=13)  # 3 skipped before the boundary at 10
-    assert sched.last_epoch == stabilizer.applied_steps == 10
-    assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.9**10)
+    _nan_at({2, 5, 7}, stabilizer, model, x, y, total=10)
+    assert sched.last_epoch == 10 and stabilizer.scheduler_debt == 3  # holds still for the next 3 steps
 
 
 def test_no_scheduler_before_optimizer_warning_when_steps_are_skipped() -> None:
@@ -193,17 +209,28 @@ def test_stabilizer_rejects_bad_arguments_by_name(kwargs: dict, field: str) -> N
         TrainingStabilizer(model, torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
 
 
-def test_stability_checker_names_what_went_wrong() -> None:
+WRONG = {
+    "a loss spike": (lambda loss, model: loss * 50.0, "loss spikes"),
+    "a NaN loss": (lambda loss, model: loss + math.nan, "non-finite losses"),
+    "a non-finite gradient": (lambda loss, model: loss + 0.0 * model[0].weight.sum() * math.inf,
+                              "non-finite gradient norms"),
+    "a gradient explosion": (lambda loss, model: loss + 1e4 * model[2].bias.pow(2).sum(), "gradient explosions"),
+}
+
+
+@pytest.mark.parametrize("hurt, reason", WRONG.values(), ids=WRONG.keys())
+def test_stability_checker_names_what_went_wrong(hurt, reason: str) -> None:
     model, x, y = _task()
     checker = StabilityChecker(model, check_every=30)
     for i in range(30):
         model.zero_grad()
-        loss = F.cross_entropy(model(x), y) * (50.0 if i == 25 else 1.0)
+        loss = F.cross_entropy(model(x), y)
+        loss = hurt(loss, model) if i == 25 else loss
         loss.backward()
         checker.update(loss)
     report = checker.check()
     assert not report["is_stable"] and report["flagged_steps"] >= 1
-    assert any("loss spikes" in r for r in report["reasons"])
+    assert any(reason in r for r in report["reasons"]), report["reasons"]
 
 
 def test_stabilizer_state_survives_a_weights_only_checkpoint() -> None:
