@@ -9,22 +9,17 @@ run would have had without the call, floors included, and two cuts compound.
 What each scheduler keeps (only the exact classes below; a subclass may compute its rates
 otherwise and is refused):
 
-===========================================  ===================================================
-scheduler                                    rates scaled besides each group's ``lr``
-===========================================  ===================================================
-``LambdaLR``, ``MultiplicativeLR``,          ``base_lrs`` (the chainable forms read ``lr``; the
-``StepLR``, ``MultiStepLR``, ``ConstantLR``,  closed forms, which ``SequentialLR`` uses at its
-``LinearLR``, ``ExponentialLR``,             milestones, read ``base_lrs``)
-``PolynomialLR``
-``CosineAnnealingLR``,                       ``base_lrs`` and ``eta_min`` (an absolute floor)
-``CosineAnnealingWarmRestarts``
-``CyclicLR``                                 ``base_lrs`` and ``max_lrs`` (its own bounds)
-``OneCycleLR``                               each group's ``initial_lr``, ``max_lr``, ``min_lr``
-``SequentialLR``, ``ChainedScheduler``       every scheduler they hold
-``ReduceLROnPlateau``                        ``min_lrs`` and ``eps`` (the smallest change it makes)
-``trainopt`` ``CyclicalLearningRate``        its ``cycle_base_lrs`` and ``cycle_max_lrs``
-``trainopt`` ``AdaptiveLearningRate``        its per-group ``ratios`` (its floor follows)
-===========================================  ===================================================
+- ``LambdaLR``, ``MultiplicativeLR``, ``StepLR``, ``MultiStepLR``, ``ConstantLR``, ``LinearLR``,
+  ``ExponentialLR``, ``PolynomialLR``: ``base_lrs`` (the chainable forms read ``lr``; the closed
+  forms, which ``SequentialLR`` uses at its milestones, read ``base_lrs``);
+- ``CosineAnnealingLR``, ``CosineAnnealingWarmRestarts``: ``base_lrs`` and ``eta_min``, an
+  absolute floor;
+- ``CyclicLR``: ``base_lrs`` and ``max_lrs``, its own bounds;
+- ``OneCycleLR``: each group's ``initial_lr``, ``max_lr`` and ``min_lr``;
+- ``SequentialLR``, ``ChainedScheduler``: every scheduler they hold;
+- ``ReduceLROnPlateau``: ``min_lrs`` and ``eps`` (the smallest change it makes);
+- trainopt's ``CyclicalLearningRate``: its ``cycle_base_lrs`` and ``cycle_max_lrs``;
+- trainopt's ``AdaptiveLearningRate``: its per-group ``ratios`` (its floor follows).
 
 The ``LambdaLR`` schedules of :mod:`trainopt.schedules` keep ``min_lr`` as a fraction of the
 base rate, so their floors follow ``base_lrs``. Each group also gets ``initial_lr`` (what a
