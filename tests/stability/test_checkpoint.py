@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import pickle
 import random
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -350,44 +348,6 @@ def test_stale_temporaries_of_dead_writers_are_removed(tmp_path):
     alive.write_bytes(b"x")
     CheckpointManager(tmp_path)
     assert not dead.exists() and alive.exists()
-
-
-# --------------------------------------------------------------------------- security
-
-
-class WritesMarker:
-    """Unpickling this would write a marker file: what a malicious checkpoint does."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (Path.write_text, (self.marker, "code ran"))
-
-
-@pytest.mark.parametrize("writer", ["torch.save", "pickle.dump"])
-def test_malicious_pickle_is_refused_and_never_runs(tmp_path, writer):
-    marker = tmp_path / "marker.txt"
-    evil = tmp_path / "checkpoint_step_99.pt"
-    payload = {"format": "trainopt.stability.checkpoint/1", "model": WritesMarker(marker)}
-    with open(evil, "wb") as f:
-        torch.save(payload, f) if writer == "torch.save" else pickle.dump(payload, f, protocol=2)
-    model, opt = make()
-    with pytest.raises(CheckpointError, match=r"checkpoint_step_99\.pt.*refused"):
-        CheckpointManager(tmp_path).load_checkpoint(model, opt, evil)
-    with pytest.warns(UserWarning, match="checkpoint_step_99.pt"):
-        assert CheckpointManager(tmp_path).load_latest(model, opt) is None
-    assert not marker.exists()
-
-
-def test_the_malicious_payload_is_live_under_an_unsafe_load(tmp_path):
-    """Control: the same file does run code under torch.load(weights_only=False)."""
-    marker = tmp_path / "marker.txt"
-    torch.save({"model": WritesMarker(marker)}, tmp_path / "evil.pt")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.load(tmp_path / "evil.pt", weights_only=False)
-    assert marker.read_text() == "code ran"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
