@@ -94,3 +94,15 @@ def test_sync_free_paths_add_no_host_sync(config):
         return mode.count
 
     assert count(True) == count(False)
+
+
+def test_mask_mode_refuses_an_optimizer_it_cannot_skip_exactly():
+    from optimizer_configs import REFUSED_CONFIGS
+    from trainopt.stability.optimizers import UnsupportedOptimizerError
+
+    config = next(c for c in REFUSED_CONFIGS if c.cls is torch.optim.SGD)  # dampening
+    model = config.model()
+    opt = config.build(model.parameters())
+    with pytest.raises(UnsupportedOptimizerError, match="dampening"):
+        _config_step(model, opt, DynamicLossScaler(skip_mode="mask"), _batches(1)[0], True)
+    _config_step(model, opt, DynamicLossScaler(skip_mode="sync"), _batches(1)[0], True)  # the host read is exact

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from trainopt.stability.optimizers import skips_in_kernel
+from trainopt.stability.optimizers import check_skippable, skips_in_kernel
 from trainopt.stability.scale_kernels import unscale_grads_, update_scale_with_hysteresis_
 from trainopt.stability.skip import fused_step, masked_step
 
@@ -74,7 +74,9 @@ class DynamicLossScaler:
         hysteresis: Overflowing steps in a row needed to back off (1 = GradScaler).
         enabled: ``False`` makes every method a pass-through (bf16/fp32 runs).
         skip_mode: ``"sync"`` reads ``found_inf`` on the host as GradScaler does; ``"mask"``
-            skips with :func:`masked_step`, no sync. Fused optimizers never sync either way.
+            skips with :func:`masked_step`, no sync, and refuses at the first step what
+            :func:`~trainopt.stability.optimizers.check_skippable` refuses. Fused optimizers
+            never sync either way.
         device: GradScaler's first argument, accepted by name: the scale is created on the
             device of the first loss it scales; before that, :meth:`get_scale_tensor` is on it.
 
@@ -137,6 +139,7 @@ class DynamicLossScaler:
         #: ``found_inf`` of the last :meth:`update` (on device; > 0 means that step was skipped).
         self.last_found_inf = torch.zeros(())
         self._per_optimizer: dict[int, dict[str, Any]] = defaultdict(_fresh_state)
+        self._skippable: set[int] = set()
 
     # ------------------------------------------------------------------ scaling and unscaling
 
@@ -232,6 +235,9 @@ class DynamicLossScaler:
         if not state["found_inf_per_device"]:
             raise RuntimeError("no gradients were found for this optimizer: nothing to check")
         if self.skip_mode == "mask":
+            if id(optimizer) not in self._skippable:
+                check_skippable(optimizer)  # what masking cannot skip exactly is refused, once
+                self._skippable.add(id(optimizer))
             result = masked_step(optimizer, self.found_inf(optimizer), *args, **kwargs)
         elif not sum(v.item() for v in state["found_inf_per_device"].values()):  # the GradScaler sync
             result = optimizer.step(*args, **kwargs)
