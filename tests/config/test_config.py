@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trainopt.data import path
 from trainopt.config.training import ConfigError, build_optimizer, load_config, validate_config
@@ -156,3 +158,47 @@ def test_every_yaml_file_under_docs_data_for_schedulers_validates():
     assert files
     for path in files:
         load_config(path)
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [
+    ("training.optimizer.betas", [0.9, 1.0], r"training.optimizer.betas\[1\]: must be a number in \[0, 1\), got 1.0"),
+    ("training.optimizer.betas", [-0.1, 0.99], r"training.optimizer.betas\[0\]: must be a number in \[0, 1\)"),
+    ("training.optimizer.betas", ["0.9", "nan"], r"training.optimizer.betas\[1\]: must be a number in \[0, 1\)"),
+])
+def test_betas_outside_zero_to_one_are_a_config_error(path, value, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_config(with_field(path, value))
+
+
+def test_nesterov_without_momentum_is_a_config_error_naming_nesterov():
+    sgd = {"type": "sgd", "lr": 0.1, "nesterov": True}
+    with pytest.raises(ConfigError, match=r"^training.optimizer.nesterov: needs a momentum above 0"):
+        validate_config(with_field("training.optimizer", sgd))
+
+
+def test_a_hand_made_config_that_torch_refuses_is_a_config_error_not_torchs_value_error():
+    from trainopt.config.training import OptimizerConfig
+
+    with pytest.raises(ConfigError, match=r"^training.optimizer: torch.optim.Adam refuses it: Invalid beta"):
+        build_optimizer(torch.nn.Linear(2, 1).parameters(), OptimizerConfig("adam", 1e-3, {"betas": (0.9, 1.0)}))
+
+
+_NUMBERS = st.sampled_from([0, 0.0, 0.5, 0.9, 0.999, 1, 1.0, 1.5, -0.1, 1e-8, "1e-3", "nan", True, None])
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(["sgd", "adam", "adamw"]), lr=_NUMBERS, weight_decay=_NUMBERS, momentum=_NUMBERS,
+       nesterov=st.sampled_from([True, False, None]), eps=_NUMBERS, betas=st.tuples(_NUMBERS, _NUMBERS))
+def test_a_validated_config_always_builds_its_optimizer(kind, lr, weight_decay, momentum, nesterov, eps, betas):
+    """Whatever a config holds, either validation names a field or torch builds the optimizer."""
+    fields = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": nesterov,
+              "eps": eps, "betas": list(betas)}
+    from trainopt.config.training import OPTIMIZER_SETTINGS
+
+    section = {"type": kind, **{k: v for k, v in fields.items()
+                                if k in OPTIMIZER_SETTINGS[kind] and v is not None}}
+    try:
+        config = validate_config(with_field("training.optimizer", section))
+    except ConfigError:
+        return
+    build_optimizer(torch.nn.Linear(2, 1).parameters(), config)

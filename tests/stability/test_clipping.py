@@ -10,14 +10,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainopt.stability.syncs import HostSyncCounter
 from trainopt.stability.clipping import (
     AdaptiveGradientClipper,
     ZScoreClipper,
-    adaptive_clip_grad_,
     clip_gradients,
     total_grad_norm,
 )
+from trainopt.stability.syncs import HostSyncCounter
+from trainopt.stability.unitwise import adaptive_clip_grad_
 
 
 
@@ -51,7 +51,9 @@ def set_norm(w: torch.nn.Parameter, value: float) -> None:
 
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf])
 @pytest.mark.parametrize("max_norm", [0.1, 1.0, 100.0])
-def test_clip_gradients_matches_torch_bitwise(norm_type, max_norm):
+def test_clip_gradients_forwards_to_clip_grad_norm_with_its_arguments(norm_type, max_norm):
+    """Forwarding only: clip_gradients calls clip_grad_norm_, so this agrees by construction.
+    The hand-computed cases in test_clipping_by_hand.py are the ones that check the clipping."""
     ours, theirs = make_params(), make_params()
     n1 = clip_gradients(ours, max_norm=max_norm, norm_type=norm_type)
     n2 = torch.nn.utils.clip_grad_norm_(theirs, max_norm, norm_type)
@@ -69,7 +71,7 @@ def test_clip_gradients_returns_pre_clip_norm_and_clips_to_max_norm():
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0])
-def test_clip_gradients_non_finite_grads_behave_like_torch(bad):
+def test_clip_gradients_forwards_non_finite_gradients_as_clip_grad_norm_does(bad):
     ours, theirs = make_params(), make_params()
     for ps in (ours, theirs):
         ps[0].grad[0, 0] = bad if bad != -1.0 else math.inf
@@ -89,7 +91,7 @@ def test_clip_gradients_error_if_nonfinite_raises():
         clip_gradients(params, error_if_nonfinite=True)
 
 
-def test_clip_gradients_accepts_module_generator_and_tensor():
+def test_clip_gradients_forwards_a_module_a_generator_or_a_tensor():
     model = torch.nn.Linear(3, 2)
     model(torch.ones(4, 3)).sum().backward()
     ref = torch.nn.utils.clip_grad_norm_(clone_params(model.parameters()), 0.5)

@@ -76,11 +76,12 @@ def test_seed_coefficient_of_variation_breaks_on_zero_and_negative_losses() -> N
     assert monitor.check()["spikes"] == 1               # the robust z-score catches it
 
 
-def test_loss_monitor_counts_a_nonfinite_loss_without_poisoning_the_window() -> None:
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])
+def test_loss_monitor_counts_a_nonfinite_loss_without_poisoning_the_window(bad: float) -> None:
     monitor = LossStabilityMonitor(window_size=50, check_every=1000)
     for value in _noisy(1.0, 30):
         monitor.update(torch.tensor(value))
-    monitor.update(torch.tensor(math.inf))
+    monitor.update(torch.tensor(bad))
     monitor.update(torch.tensor(1.0))
     report = monitor.summary()
     assert report["nonfinite"] == 1 and report["spikes"] == 0
@@ -173,10 +174,11 @@ def test_gradient_monitor_reports_one_norm_per_optimizer_group() -> None:
     assert report["grad_norm"] == pytest.approx(math.hypot(*report["group_grad_norms"]), rel=1e-6)
 
 
-def test_gradient_monitor_handles_mixed_dtypes() -> None:
+@pytest.mark.parametrize("other", [torch.float64, torch.bfloat16, torch.float16])
+def test_gradient_monitor_handles_mixed_dtypes(other: torch.dtype) -> None:
     a = torch.nn.Parameter(torch.ones(3))
-    b = torch.nn.Parameter(torch.ones(4, dtype=torch.float64))
-    a.grad, b.grad = torch.full((3,), 2.0), torch.full((4,), 1.0, dtype=torch.float64)
+    b = torch.nn.Parameter(torch.ones(4, dtype=other))
+    a.grad, b.grad = torch.full((3,), 2.0), torch.full((4,), 1.0, dtype=other)
     opt = torch.optim.SGD([a, b], lr=0.1)
     norm = GradientMonitor(opt).update()
     assert norm.item() == pytest.approx(math.sqrt(3 * 4 + 4))

@@ -13,6 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from optimizer_configs import HELD, assert_same, ids
+from scheduler_configs import SCHEDULERS, two_groups
 from trainopt.stability.scaling import DynamicLossScaler
 from trainopt.schedules.adapters import cosine_annealing_schedule
 from trainopt.stability.stabilizer import StabilityChecker, TrainingStabilizer
@@ -57,19 +59,12 @@ def test_clean_steps_match_a_plain_clipped_adamw_loop() -> None:
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
-OPTIMIZERS = {
-    "fused AdamW": lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True),
-    "fused SGD": lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, fused=True),
-    "SGD momentum (masked step)": lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9),
-    "RMSprop (masked step)": lambda p: torch.optim.RMSprop(p, lr=1e-3),
-}
-
-
-@pytest.mark.parametrize("make_optimizer", OPTIMIZERS.values(), ids=OPTIMIZERS.keys())
+@pytest.mark.parametrize("config", HELD, ids=ids(HELD))
 @pytest.mark.parametrize("factor", [math.nan, math.inf], ids=["nan", "inf"])
-def test_nonfinite_gradients_never_reach_weights_or_optimizer_state(make_optimizer, factor: float) -> None:
-    model, x, y = _task()
-    opt = make_optimizer(model.parameters())
+def test_nonfinite_gradients_never_reach_weights_or_optimizer_state(config, factor: float) -> None:
+    model = config.model()
+    opt = config.build(model.parameters())
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
     stabilizer = TrainingStabilizer(model, opt, check_every=100)
     for _ in range(3):
         stabilizer.step(_loss(model, x, y))
@@ -128,14 +123,36 @@ def test_skipped_steps_do_not_advance_a_lambda_schedule() -> None:
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 * sched.lr_lambdas[0](16))
 
 
-def test_other_schedulers_hold_still_for_the_skipped_steps() -> None:
+HOLD_STILL = {name: make for name, make in SCHEDULERS.items()
+              if name not in ("LambdaLR", "ReduceLROnPlateau", "AdaptiveLearningRate")
+              and not name.startswith("registry: ") or name == "registry: cyclical"}
+
+
+@pytest.mark.parametrize("make", HOLD_STILL.values(), ids=HOLD_STILL.keys())
+def test_other_schedulers_hold_still_for_the_skipped_steps(make) -> None:
+    """Every scheduler that is not a LambdaLR: 3 steps skipped before the boundary at 10, and 3
+    steps after it the schedule is where 10 applied steps put a twin scheduler."""
     model, x, y = _task()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    first, second = list(model[0].parameters()), list(model[2].parameters())
+    opt = torch.optim.SGD([{"params": first, "lr": 0.1}, {"params": second, "lr": 0.05}], lr=0.1, momentum=0.9)
+    twin_opt = two_groups()
+    sched, twin = make(opt), make(twin_opt)
+    stabilizer = TrainingStabilizer(model, opt, sched, check_every=10)
+    _nan_at({2, 5, 7}, stabilizer, model, x, y, total=13)
+    for _ in range(10):
+        twin_opt.step()
+        twin.step()
+    assert stabilizer.applied_steps == 10
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([g["lr"] for g in twin_opt.param_groups])
+
+
+def test_a_lambda_schedule_is_rewound_at_the_boundary_while_others_hold_still_after_it() -> None:
+    model, x, y = _task()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
     stabilizer = TrainingStabilizer(model, opt, sched, check_every=10)
-    _nan_at({2, 5, 7}, stabilizer, model, x, y, total=13)  # 3 skipped before the boundary at 10
-    assert sched.last_epoch == stabilizer.applied_steps == 10
-    assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.9**10)
+    _nan_at({2, 5, 7}, stabilizer, model, x, y, total=10)
+    assert sched.last_epoch == 10 and stabilizer.scheduler_debt == 3  # holds still for the next 3 steps
 
 
 def test_no_scheduler_before_optimizer_warning_when_steps_are_skipped() -> None:
@@ -192,17 +209,28 @@ def test_stabilizer_rejects_bad_arguments_by_name(kwargs: dict, field: str) -> N
         TrainingStabilizer(model, torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
 
 
-def test_stability_checker_names_what_went_wrong() -> None:
+WRONG = {
+    "a loss spike": (lambda loss, model: loss * 50.0, "loss spikes"),
+    "a NaN loss": (lambda loss, model: loss + math.nan, "non-finite losses"),
+    "a non-finite gradient": (lambda loss, model: loss + 0.0 * model[0].weight.sum() * math.inf,
+                              "non-finite gradient norms"),
+    "a gradient explosion": (lambda loss, model: loss + 1e4 * model[2].bias.pow(2).sum(), "gradient explosions"),
+}
+
+
+@pytest.mark.parametrize("hurt, reason", WRONG.values(), ids=WRONG.keys())
+def test_stability_checker_names_what_went_wrong(hurt, reason: str) -> None:
     model, x, y = _task()
     checker = StabilityChecker(model, check_every=30)
     for i in range(30):
         model.zero_grad()
-        loss = F.cross_entropy(model(x), y) * (50.0 if i == 25 else 1.0)
+        loss = F.cross_entropy(model(x), y)
+        loss = hurt(loss, model) if i == 25 else loss
         loss.backward()
         checker.update(loss)
     report = checker.check()
     assert not report["is_stable"] and report["flagged_steps"] >= 1
-    assert any("loss spikes" in r for r in report["reasons"])
+    assert any(reason in r for r in report["reasons"]), report["reasons"]
 
 
 def test_stabilizer_state_survives_a_weights_only_checkpoint() -> None:
@@ -271,39 +299,78 @@ def test_rollback_at_a_boundary_keeps_schedule_and_applied_steps_aligned(tmp_pat
     assert opt.param_groups[0]["lr"] == pytest.approx(0.5 * 1e-2 * sched.lr_lambdas[0](19))
 
 
-def _resumable_run(tmp_path: Path):
+def _resumable_run(folder: Path, seed: int = 1):
+    """Everything a run owns, built from scratch: a crash loses all of it but the folder."""
     from trainopt.stability.checkpoint import CheckpointManager
+    from trainopt.stability.clipping import ZScoreClipper
+    from trainopt.stability.data import ResumableSampler
+    from trainopt.stability.recovery import TrainingRecovery
 
-    model, x, y = _task(seed=1)
+    model, x, y = _task(seed=seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
     sched = cosine_annealing_schedule(opt, total_steps=40, warmup_steps=4)
-    stabilizer = TrainingStabilizer(model, opt, sched, check_every=5)
-    return model, opt, sched, stabilizer, CheckpointManager(tmp_path, save_frequency=5), x, y
+    recovery = TrainingRecovery(model, opt, CheckpointManager(folder, save_frequency=5), scheduler=sched)
+    sampler = ResumableSampler(len(x), 16, seed=seed)
+    stabilizer = TrainingStabilizer(model, opt, sched, clipper=ZScoreClipper(warmup_steps=3), check_every=5,
+                                    recovery=recovery, data=sampler)
+    return stabilizer, x, y
 
 
-def test_end_to_end_resume_with_the_stabilizer_is_bitwise(tmp_path: Path) -> None:
-    """Train 30 steps (one NaN step); or 15, save, rebuild everything, load, train 15 more."""
-    batches = [torch.Generator().manual_seed(i) for i in range(30)]
-    perms = [torch.randperm(64, generator=g)[:32] for g in batches]
+def _train_to(stabilizer: TrainingStabilizer, x, y, steps: int) -> None:
+    """Batches from the stabilizer's sampler; a dropout-like random mask; a NaN loss at batch 3."""
+    sampler, model = stabilizer.data, stabilizer.model
+    while stabilizer.steps < steps:
+        idx = sampler.next_batch()
+        drawn = sampler.epoch * len(sampler) + sampler.position
+        mask = (torch.rand(len(idx), 1) > 0.1).float()
+        factor = math.nan if drawn == 3 else 1.0
+        stabilizer.step(lambda: F.cross_entropy(model(x[idx] * mask), y[idx]) * factor)
 
-    def train(stabilizer, model, x, y, steps: range) -> None:
-        for i in steps:
-            idx = perms[i]
-            factor = math.nan if i == 7 else 1.0
-            stabilizer.step(lambda: F.cross_entropy(model(x[idx]), y[idx]) * factor)
 
-    model, opt, _, stabilizer, _, x, y = _resumable_run(tmp_path / "a")
-    train(stabilizer, model, x, y, range(30))
+def test_a_restart_from_the_stabilizers_own_checkpoint_is_bitwise_the_same_run(tmp_path: Path) -> None:
+    """Crash at step 13 (last checkpoint: 10), rebuild everything, resume(), train to 30: the same
+    weights, optimizer, schedule, clipper, counters, windows, recovery state, data position and
+    random numbers as the run that never stopped. Nothing is added to the checkpoint by hand."""
+    torch.manual_seed(0)
+    straight, x, y = _resumable_run(tmp_path / "a")
+    _train_to(straight, x, y, 30)
+    generator_after = torch.get_rng_state()
 
-    model_b, opt_b, sched_b, stab_b, manager, _, _ = _resumable_run(tmp_path / "b")
-    train(stab_b, model_b, x, y, range(15))
-    manager.save_checkpoint(model_b, opt_b, 15, 0.0, scheduler=sched_b, extra={"stabilizer": stab_b})
-    model_c, opt_c, sched_c, stab_c, manager_c, _, _ = _resumable_run(tmp_path / "b")
+    torch.manual_seed(0)
+    crashed, _, _ = _resumable_run(tmp_path / "b")
+    _train_to(crashed, x, y, 13)
+    del crashed
+    torch.manual_seed(1234)  # a fresh process starts from other generator states
+    resumed, _, _ = _resumable_run(tmp_path / "b", seed=1)
+    assert resumed.resume() == 10
+    _train_to(resumed, x, y, 30)
+
+    assert all(torch.equal(p, q) for p, q in zip(straight.model.parameters(), resumed.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(_optimizer_state(straight.optimizer),
+                                                 _optimizer_state(resumed.optimizer)))
+    assert straight.scheduler.state_dict() == resumed.scheduler.state_dict()
+    assert straight.skip_events == resumed.skip_events == 1 and resumed.applied_steps == 29
+    counters = ("steps", "total_skipped", "skip_events", "scheduler_debt")
+    assert [getattr(straight, c) for c in counters] == [getattr(resumed, c) for c in counters]
+    assert_same(straight.checker.state_dict(), resumed.checker.state_dict())
+    assert straight.clipper.state_dict().keys() == resumed.clipper.state_dict().keys()
+    assert all(torch.equal(torch.as_tensor(v), torch.as_tensor(resumed.clipper.state_dict()[k]))
+               for k, v in straight.clipper.state_dict().items())
+    assert straight.recovery.state_dict() == resumed.recovery.state_dict()
+    assert straight.data.state_dict() == resumed.data.state_dict()
+    assert torch.equal(torch.get_rng_state(), generator_after)  # the masks drawn were the same
+
+
+def test_a_rollback_restores_the_trajectory_and_keeps_counting_skips(tmp_path: Path) -> None:
+    stabilizer, x, y = _resumable_run(tmp_path)
+    _train_to(stabilizer, x, y, 10)
+    saved = [p.detach().clone() for p in stabilizer.model.parameters()]
     with torch.no_grad():
-        for p in model_c.parameters():
-            p.zero_()
-    assert manager_c.load_latest(model_c, opt_c, scheduler=sched_c, extra={"stabilizer": stab_c})[0] == 15
-    train(stab_c, model_c, x, y, range(15, 30))
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), model_c.parameters()))
-    assert all(torch.equal(a, b) for a, b in zip(_optimizer_state(opt), _optimizer_state(opt_c)))
-    assert stab_c.applied_steps == stabilizer.applied_steps == 29
+        for p in stabilizer.model.parameters():
+            p.add_(torch.randn_like(p) * 3.0)
+    _train_to(stabilizer, x, y, 14)
+    stabilizer.step(lambda: F.cross_entropy(stabilizer.model(x), y))  # the boundary at 15 rolls back to 10
+    assert [h["restored_step"] for h in stabilizer.recovery.history] == [10]
+    assert stabilizer.steps == 10 and stabilizer.recovery.lr_scale == 0.5
+    assert all(torch.equal(p, s) for p, s in zip(stabilizer.model.parameters(), saved))
+    assert stabilizer.skip_events >= 1 + 3  # the NaN before the checkpoint and the flagged steps after

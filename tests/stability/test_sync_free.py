@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from optimizer_configs import HELD, ids
 from trainopt.stability.clipping import AdaptiveGradientClipper, ZScoreClipper
 from trainopt.models import GPT, digits_mlp, gpt_config, synthetic_batch
 from trainopt.perf.bench.stability import bare_step, seed_style_step
@@ -49,7 +50,7 @@ CONFIGS = {
 
 
 @pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
-def test_fifty_steady_state_steps_make_no_host_sync(config: dict) -> None:
+def test_fifty_steady_state_steps_of_each_configuration_make_no_host_sync(config: dict) -> None:
     model, compute_loss = config.get("model", _mlp)()
     if config.get("optimizer") == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
@@ -110,3 +111,37 @@ def test_bare_step_makes_no_host_sync_either() -> None:
         for _ in range(5):
             bare_step(model, opt, compute_loss, None)
     assert counter.count == 0
+
+
+def _count_syncs(config, stabilized: bool) -> int:
+    model = config.model()
+    opt = config.build(model.parameters())
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    loss = lambda factor=1.0: torch.nn.functional.cross_entropy(model(x), y) * factor  # noqa: E731
+    stabilizer = TrainingStabilizer(model, opt, check_every=1000) if stabilized else None
+
+    def step(factor: float = 1.0) -> None:
+        if stabilizer is not None:
+            stabilizer.step(lambda: loss(factor))
+        else:
+            opt.zero_grad(set_to_none=True)
+            loss().backward()
+            opt.step()
+
+    step()
+    with HostSyncCounter() as counter:
+        for i in range(8):
+            step(math.nan if i == 3 else 1.0)
+    return counter.count
+
+
+@pytest.mark.parametrize("config", HELD, ids=ids(HELD))
+def test_the_stabilizer_adds_no_host_sync_to_any_optimizer_it_accepts(config) -> None:
+    """Stabilized steps (a skipped NaN step among them) sync exactly as often as plain
+    ``optimizer.step()`` calls: never, for SGD, the fused optimizers and Muon. The others read
+    their CPU step counters with ``.item()`` (Adafactor its norms; Rprop indexes with a mask):
+    a host read on a CPU, refused on a GPU by ``check_skippable`` unless ``capturable=True``."""
+    plain = _count_syncs(config, stabilized=False)
+    assert _count_syncs(config, stabilized=True) == plain
+    if config.cls in (torch.optim.SGD, torch.optim.Muon) or config.implementation.get("fused"):
+        assert plain == 0

@@ -159,7 +159,7 @@ def _optimizer(data: Any, path: str) -> OptimizerConfig:
         if key == "betas":
             if not isinstance(value, (list, tuple)) or len(value) != 2:
                 raise ConfigError(where, f"must be a list of two numbers in [0, 1), got {value!r}")
-            settings[key] = tuple(_float(b, f"{where}[{i}]", 0.0, 1.0) for i, b in enumerate(value))
+            settings[key] = tuple(_beta(b, f"{where}[{i}]") for i, b in enumerate(value))
         elif key == "nesterov":
             if not isinstance(value, bool):
                 raise ConfigError(where, f"must be true or false, got {value!r}")
@@ -168,7 +168,19 @@ def _optimizer(data: Any, path: str) -> OptimizerConfig:
             settings[key] = _float(value, where, 0.0, 1.0)
         else:
             settings[key] = _float(value, where)
+    if settings.get("nesterov") and not settings.get("momentum"):
+        raise ConfigError(f"{path}.nesterov", "needs a momentum above 0: Nesterov momentum without momentum "
+                          f"is plain SGD (momentum={settings.get('momentum', 0.0)!r})")
     return OptimizerConfig(kind, lr, settings)
+
+
+def _beta(value: Any, path: str) -> float:
+    """A decay rate: a number in [0, 1) (torch refuses 1.0, where the average never moves)."""
+    if isinstance(value, str) and FLOAT_STRING.match(value.strip()):
+        value = float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ConfigError(path, f"must be a number in [0, 1), got {value!r}")
+    return float(value)
 
 
 def _scheduler(data: Any, path: str, lr: float) -> SchedulerConfig:
@@ -264,6 +276,9 @@ def load_config(path: str | Path) -> Config:
 def build_optimizer(params: Any, config: Config | OptimizerConfig) -> torch.optim.Optimizer:
     """Build the configured ``torch.optim`` optimizer over ``params``.
 
+    A config from :func:`validate_config` always builds; one made by hand that torch refuses
+    raises :class:`ConfigError` (never torch's own ``ValueError``).
+
     Example:
         >>> import torch
         >>> from trainopt.config import OptimizerConfig
@@ -274,4 +289,9 @@ def build_optimizer(params: Any, config: Config | OptimizerConfig) -> torch.opti
     """
     config = getattr(config, "optimizer", config)
     classes = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
-    return classes[config.type](params, lr=config.lr, **config.settings)
+    if config.type not in classes:
+        raise ConfigError("training.optimizer.type", f"must be one of {list(classes)}, got {config.type!r}")
+    try:
+        return classes[config.type](params, lr=config.lr, **config.settings)
+    except (ValueError, TypeError) as exc:  # a config built by hand, not by validate_config
+        raise ConfigError("training.optimizer", f"torch.optim.{classes[config.type].__name__} refuses it: {exc}") from exc

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from trainopt.stability.fit import load_all_or_nothing
 from trainopt.stability.rng import get_rng_state, set_rng_state
 
 __all__ = ["CheckpointError", "CheckpointManager"]
@@ -284,10 +285,13 @@ class CheckpointManager:
     ) -> tuple[int, float]:
         """Load a checkpoint into the given objects; return ``(step, loss)``.
 
-        The file is read with ``weights_only=True`` and validated before anything is changed,
-        so a bad file raises :class:`CheckpointError` (naming it) and leaves the objects as they
-        were. Objects passed here must have been saved (a scheduler missing from the file is an
-        error); objects not passed are left alone.
+        The file is read with ``weights_only=True``. Loading is all or nothing: a file that cannot
+        be read, or that does not fit one of the objects (the model's keys or shapes, the
+        optimizer's groups, the scheduler, the scaler, an extra object), raises
+        :class:`CheckpointError` naming the file, the object and what does not fit, and leaves
+        every object as it was (:func:`~trainopt.stability.fit.load_all_or_nothing`). Objects
+        passed here must have been saved (a scheduler missing from the file is an error);
+        objects not passed are left alone.
         """
         path = Path(checkpoint_path)
         return self._apply(_read(path, map_location), path, model, optimizer, scheduler, scaler, extra, restore_rng)
@@ -302,18 +306,11 @@ class CheckpointManager:
         absent += [f"extra[{name!r}]" for name in (extra or {}) if name not in payload["extra"]]
         if absent:
             raise CheckpointError(f"checkpoint file {path} has no state for {absent}")
-        try:
-            model.load_state_dict(payload["model"])
-            if optimizer is not None:
-                optimizer.load_state_dict(payload["optimizer"])
-            if scheduler is not None:
-                scheduler.load_state_dict(payload["scheduler"])
-            if scaler is not None:
-                scaler.load_state_dict(payload["scaler"])
-            for name, obj in (extra or {}).items():
-                obj.load_state_dict(payload["extra"][name])
-        except (RuntimeError, KeyError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint file {path} does not fit the given objects: {exc}") from exc
+        pieces = [("optimizer", optimizer, payload["optimizer"]), ("scheduler", scheduler, payload["scheduler"]),
+                  ("scaler", scaler, payload["scaler"])]
+        pieces += [(f"extra[{name!r}]", obj, payload["extra"][name]) for name, obj in (extra or {}).items()]
+        load_all_or_nothing(model, payload["model"], pieces,
+                            lambda piece, why: CheckpointError(f"checkpoint file {path} does not fit the {piece}: {why}"))
         if restore_rng:
             set_rng_state(payload["rng"])
         return int(payload["step"]), float(payload["loss"])
@@ -333,16 +330,39 @@ class CheckpointManager:
         A file that cannot be read (truncated, corrupt, not weights-only) is skipped with a
         warning naming it. Errors of fit (a checkpoint of another model) are raised.
         """
+        found = self._newest_readable(map_location)
+        if found is None:
+            return None
+        path, payload = found
+        return self._apply(payload, path, model, optimizer, scheduler, scaler, extra, restore_rng)
+
+    def _newest_readable(self, map_location: Any = None) -> tuple[Path, dict[str, Any]] | None:
         for path in [*reversed(self.checkpoints()), self.best_path]:
             if not path.exists():
                 continue
             try:
-                payload = _read(path, map_location)
+                return path, _read(path, map_location)
             except CheckpointError as exc:
-                warnings.warn(f"skipping checkpoint {path}: {exc}", stacklevel=2)
-                continue
-            return self._apply(payload, path, model, optimizer, scheduler, scaler, extra, restore_rng)
+                warnings.warn(f"skipping checkpoint {path}: {exc}", stacklevel=3)
         return None
+
+    def latest_path(self) -> Path | None:
+        """The file :meth:`load_latest` would load: the newest readable step checkpoint, or the best.
+
+        Example:
+            >>> import tempfile
+            >>> import torch
+            >>> from trainopt.stability import CheckpointManager
+            >>> manager = CheckpointManager(tempfile.mkdtemp())
+            >>> model = torch.nn.Linear(2, 1)
+            >>> manager.latest_path() is None
+            True
+            >>> _ = manager.save_checkpoint(model, None, 7, loss=1.0)
+            >>> manager.latest_path().name
+            'checkpoint_step_7.pt'
+        """
+        found = self._newest_readable("cpu")
+        return None if found is None else found[0]
 
     def state_dict(self) -> dict[str, Any]:
         """The manager's own state (best loss so far)."""

@@ -191,7 +191,13 @@ class GradientMonitor:
         return {**settings, **{k: getattr(self, k).detach().clone() for k in self._tensor_keys}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what :meth:`state_dict` returned (checked first: a misfit changes nothing)."""
+        missing = [k for k in ("steps", *self._tensor_keys) if k not in state]
+        if missing:
+            raise KeyError(f"GradientMonitor state_dict is missing {missing}")
+        if len(state["group_grad_norms"]) != len(self.groups):
+            raise ValueError(f"GradientMonitor state has {len(state['group_grad_norms'])} parameter groups, "
+                             f"this monitor measures {len(self.groups)}")
         device = self.buffer.device
         for key, value in state.items():
             setattr(self, key, value.detach().clone().to(device) if torch.is_tensor(value) else value)

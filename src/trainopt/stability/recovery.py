@@ -3,7 +3,8 @@
 :class:`TrainingRecovery` decides *whether* a run is unstable (a non-finite loss, a loss spike by
 robust z-score, a gradient-norm explosion), and *recovers*: it reloads the newest valid
 checkpoint through a :class:`~trainopt.stability.checkpoint.CheckpointManager`, multiplies the learning
-rate by ``lr_factor`` in a way the scheduler keeps (:func:`scale_learning_rate`), optionally
+rate by ``lr_factor`` in a way the scheduler keeps
+(:func:`~trainopt.stability.rates.scale_learning_rate`), optionally
 skips the next batches, and gives up with :class:`TrainingInstabilityError` after
 ``max_recovery_attempts``.
 
@@ -20,7 +21,10 @@ from typing import Any
 
 import torch
 
+from trainopt.stability.rates import check_scalable, lr_scale, scale_learning_rate
 from trainopt.stability.statistics import MAD_TO_SIGMA
+
+__all__ = ["TrainingInstabilityError", "TrainingRecovery", "scale_learning_rate"]
 
 
 class TrainingInstabilityError(RuntimeError):
@@ -37,54 +41,6 @@ class TrainingInstabilityError(RuntimeError):
         ...     print(error)
         cannot recover from non-finite loss: no checkpoint_manager
     """
-
-
-def scale_learning_rate(
-    optimizer: torch.optim.Optimizer, factor: float, scheduler: Any = None
-) -> None:
-    """Multiply the learning rate by ``factor`` so that the scheduler keeps the change.
-
-    A scheduler recomputes ``param_group["lr"]`` from its ``base_lrs`` on every ``step()``, so
-    halving ``param_group["lr"]`` alone (the seed's recovery) is undone one step later. This
-    scales ``scheduler.base_lrs``, each group's ``initial_lr`` (what a scheduler rebuilt from the
-    optimizer starts from) and the current ``lr`` together. Tensor learning rates are scaled in
-    place.
-
-    Args:
-        optimizer: The optimizer whose groups to scale.
-        factor: Positive multiplier (``0.5`` halves the learning rate).
-        scheduler: An ``torch.optim.lr_scheduler`` scheduler driving ``optimizer``, if any.
-
-    Example:
-        >>> import torch
-        >>> from trainopt.stability import scale_learning_rate
-        >>> model = torch.nn.Linear(2, 1)
-        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        >>> sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
-        >>> scale_learning_rate(opt, 0.5, sched)
-        >>> opt.step(); sched.step()
-        >>> round(opt.param_groups[0]["lr"], 6)  # 0.1 * 0.5 / 2: the halving survived the step
-        0.025
-    """
-    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor < math.inf:
-        raise ValueError(f"factor must be a positive finite number, got {factor=}")
-    for index in range(len(optimizer.param_groups)):
-        _scale_group(optimizer, scheduler, index, factor)
-
-
-def _scale_group(optimizer: torch.optim.Optimizer, scheduler: Any, index: int, factor: float) -> None:
-    """Scale one group's rate where the scheduler and a rebuilt scheduler will read it too."""
-    if scheduler is not None and hasattr(scheduler, "base_lrs"):
-        scheduler.base_lrs[index] = scheduler.base_lrs[index] * factor
-        if hasattr(scheduler, "_last_lr"):
-            scheduler._last_lr[index] = scheduler._last_lr[index] * factor
-    group = optimizer.param_groups[index]
-    if "initial_lr" in group:
-        group["initial_lr"] = group["initial_lr"] * factor
-    if torch.is_tensor(group["lr"]):
-        group["lr"].mul_(factor)
-    else:
-        group["lr"] = group["lr"] * factor
 
 
 def _robust_z(value: float, window: Sequence[float], rel_floor: float = 1e-2) -> float:
@@ -163,18 +119,11 @@ class TrainingRecovery:
         self.spike_threshold = float(spike_threshold)
         self.explosion_factor = float(explosion_factor)
         self.min_history = min_history
+        check_scalable(scheduler)  # refuse a scheduler that would undo the cut now, not at a rollback
         self.recovery_attempts = 0
-        self.lr_scale = 1.0
+        self.lr_scale = lr_scale(optimizer) if optimizer is not None else 1.0
         self.batches_to_skip = 0
         self.history: list[dict[str, Any]] = []
-        self._reference_lrs = self._current_reference_lrs()
-
-    def _current_reference_lrs(self) -> list[float]:
-        if self.scheduler is not None and hasattr(self.scheduler, "base_lrs"):
-            return [float(lr) for lr in self.scheduler.base_lrs]
-        if self.optimizer is None:
-            return []
-        return [float(g["lr"]) for g in self.optimizer.param_groups]
 
     # -- detection (host values) --------------------------------------------------------------
 
@@ -225,8 +174,17 @@ class TrainingRecovery:
 
     # -- recovery ------------------------------------------------------------------------------
 
-    def recover(self, reason: str = "instability") -> int:
-        """Roll back to the newest valid checkpoint, lower the learning rate; return its step.
+    def recover(self, reason: str = "instability", path: Any = None, extra: dict[str, Any] | None = None) -> int:
+        """Roll back to a checkpoint, lower the learning rate; return the checkpoint's step.
+
+        After the ``k``-th rollback the learning rates are ``lr_factor ** k`` times those of the
+        run without rollbacks (times the scale the recovery started from), whatever cut the
+        checkpoint was saved with: the optimizer's groups carry their ``lr_scale``.
+
+        Args:
+            reason: Why (kept in :attr:`history` and the error messages).
+            path: The checkpoint to load; ``None`` loads the newest valid one.
+            extra: More objects to restore from the checkpoint (passed to the manager).
 
         Raises:
             TrainingInstabilityError: After ``max_recovery_attempts`` recoveries, or when no
@@ -242,9 +200,11 @@ class TrainingRecovery:
             raise TrainingInstabilityError(f"cannot recover from {reason}: no checkpoint_manager")
         # The random number generators move on: the rolled-back run sees new dropout masks and
         # new batches rather than replaying the ones that led to the divergence.
-        restored = self.checkpoint_manager.load_latest(
-            self.model, self.optimizer, scheduler=self.scheduler, scaler=self.scaler, restore_rng=False
-        )
+        pieces = dict(scheduler=self.scheduler, scaler=self.scaler, extra=extra, restore_rng=False)
+        if path is None:
+            restored = self.checkpoint_manager.load_latest(self.model, self.optimizer, **pieces)
+        else:
+            restored = self.checkpoint_manager.load_checkpoint(self.model, self.optimizer, path, **pieces)
         if restored is None:
             raise TrainingInstabilityError(
                 f"cannot recover from {reason}: no valid checkpoint in {self.checkpoint_manager.save_dir}"
@@ -258,12 +218,12 @@ class TrainingRecovery:
         return int(step)
 
     def _apply_lr_scale(self) -> None:
-        """Set the learning rates to reference × lr_scale, whatever the checkpoint held."""
-        current = self._current_reference_lrs()
-        for i, (now, ref) in enumerate(zip(current, self._reference_lrs)):
-            if now <= 0:
-                continue
-            _scale_group(self.optimizer, self.scheduler, i, ref * self.lr_scale / now)
+        """Cut the restored rates from the scale the checkpoint was saved with to :attr:`lr_scale`."""
+        if self.optimizer is None:
+            return
+        saved = lr_scale(self.optimizer)
+        if saved != self.lr_scale:
+            scale_learning_rate(self.optimizer, self.lr_scale / saved, self.scheduler)
 
     def should_skip_batch(self) -> bool:
         """True while batches after a rollback remain to be skipped (counts one down per call)."""
@@ -276,14 +236,15 @@ class TrainingRecovery:
         """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
         return {
             "recovery_attempts": self.recovery_attempts, "lr_scale": self.lr_scale,
-            "batches_to_skip": self.batches_to_skip, "reference_lrs": list(self._reference_lrs),
-            "history": [dict(h) for h in self.history],
+            "batches_to_skip": self.batches_to_skip, "history": [dict(h) for h in self.history],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+        missing = [k for k in ("recovery_attempts", "lr_scale", "batches_to_skip", "history") if k not in state]
+        if missing:
+            raise KeyError(f"TrainingRecovery state_dict is missing {missing}")
         self.recovery_attempts = int(state["recovery_attempts"])
         self.lr_scale = float(state["lr_scale"])
         self.batches_to_skip = int(state["batches_to_skip"])
-        self._reference_lrs = [float(x) for x in state["reference_lrs"]]
         self.history = [dict(h) for h in state["history"]]

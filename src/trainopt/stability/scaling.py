@@ -3,20 +3,29 @@
 :class:`DynamicLossScaler` is a drop-in for ``torch.amp.GradScaler`` built from the same
 kernels (``torch._amp_foreach_non_finite_check_and_unscale_`` and ``torch._amp_update_scale_``),
 so with the default ``hysteresis=1`` it produces the same scales and the same parameters, step
-for step (the tests check this bit for bit). It adds:
+for step (the tests check this bit for bit). It has every public method of ``GradScaler``
+(``scale``, ``unscale_``, ``step``, ``update``, ``get_scale``, ``is_enabled``, the getters and
+setters of ``growth_factor``, ``backoff_factor`` and ``growth_interval``, ``state_dict``,
+``load_state_dict``) and takes its arguments by name. Its ``state_dict`` holds GradScaler's
+five keys with the same values, plus three of its own (``hysteresis``, ``_overflow_tracker``,
+``skipped_steps``): a GradScaler state loads into it and its state loads into a GradScaler. It adds:
 
 - ``hysteresis``: back off only after that many overflowing steps in a row (large fp16 runs use
   2 so that one odd batch does not halve the scale);
 - ``skip_mode="mask"``: a way to skip an overflowing step *without* a host sync for optimizers
   that have no fused path (see :func:`masked_step`);
-- on-device counters (:attr:`DynamicLossScaler.skipped_steps`) that monitors can read later.
+- on-device counters (:attr:`DynamicLossScaler.skipped_steps`) that monitors can read later;
+- an exact skip of a fused optimizer's first step (:func:`~trainopt.stability.skip.fused_step`):
+  GradScaler leaves fused SGD's momentum buffer uninitialised when that step overflows.
 
 Where the host syncs. ``GradScaler.step`` reads ``found_inf`` on the host (``.item()``) to decide
 whether to call ``optimizer.step()``; so does this class with ``skip_mode="sync"`` (the default).
 Two paths avoid it: optimizers with ``_step_supports_amp_scaling`` (``torch.optim.AdamW(...,
 fused=True)``, fused Adam and SGD) receive ``grad_scale`` and ``found_inf`` tensors and skip
 inside their kernel, and ``skip_mode="mask"`` steps unconditionally and restores the old values
-where ``found_inf`` is set. ``get_scale()`` and ``state_dict()`` read the scale (a sync): call
+where ``found_inf`` is set (no sync on CUDA when the optimizer's state lives on the GPU: SGD, or
+``capturable=True``; see :func:`~trainopt.stability.skip.masked_step`). ``get_scale()`` and
+``state_dict()`` read the scale (a sync): call
 them at logging or checkpoint time, not every step. bf16 needs no loss scaling at all.
 """
 
@@ -29,7 +38,9 @@ from typing import Any
 
 import torch
 
-from trainopt.stability.skip import masked_step
+from trainopt.stability.optimizers import check_skippable, skips_in_kernel
+from trainopt.stability.scale_kernels import unscale_grads_, update_scale_with_hysteresis_
+from trainopt.stability.skip import fused_step, masked_step
 
 __all__ = ["DynamicLossScaler"]
 
@@ -63,7 +74,11 @@ class DynamicLossScaler:
         hysteresis: Overflowing steps in a row needed to back off (1 = GradScaler).
         enabled: ``False`` makes every method a pass-through (bf16/fp32 runs).
         skip_mode: ``"sync"`` reads ``found_inf`` on the host as GradScaler does; ``"mask"``
-            skips with :func:`masked_step`, no sync. Fused optimizers never sync either way.
+            skips with :func:`masked_step`, no sync, and refuses at the first step what
+            :func:`~trainopt.stability.optimizers.check_skippable` refuses. Fused optimizers
+            never sync either way.
+        device: GradScaler's first argument, accepted by name: the scale is created on the
+            device of the first loss it scales; before that, :meth:`get_scale_tensor` is on it.
 
     Example:
         >>> import torch
@@ -92,6 +107,7 @@ class DynamicLossScaler:
         hysteresis: int = 1,
         enabled: bool = True,
         skip_mode: str = "sync",
+        device: str | torch.device | None = None,
     ) -> None:
         if not float(init_scale) > 0:
             raise ValueError(f"init_scale must be > 0, got {init_scale=}")
@@ -112,6 +128,7 @@ class DynamicLossScaler:
         self._growth_interval = growth_interval
         self._hysteresis = hysteresis
         self.skip_mode = skip_mode
+        self._device = torch.device(device) if device is not None else torch.device("cpu")
         self._init_growth_tracker = 0
         self._init_overflow_tracker = 0
         self._scale: torch.Tensor | None = None
@@ -122,6 +139,7 @@ class DynamicLossScaler:
         #: ``found_inf`` of the last :meth:`update` (on device; > 0 means that step was skipped).
         self.last_found_inf = torch.zeros(())
         self._per_optimizer: dict[int, dict[str, Any]] = defaultdict(_fresh_state)
+        self._skippable: set[int] = set()
 
     # ------------------------------------------------------------------ scaling and unscaling
 
@@ -151,31 +169,6 @@ class DynamicLossScaler:
             return map(self.scale, outputs)
         raise TypeError(f"outputs must be a Tensor or an iterable of Tensors, got {type(outputs).__name__}")
 
-    @torch.no_grad()
-    def _unscale_grads(
-        self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor, allow_fp16: bool
-    ) -> dict[torch.device, torch.Tensor]:
-        grads: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(lambda: defaultdict(list))
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                if not allow_fp16 and param.grad.dtype == torch.float16:
-                    raise ValueError("Attempting to unscale FP16 gradients: keep fp32 master weights")
-                grad = param.grad
-                if grad.is_sparse:
-                    if grad.dtype is torch.float16:
-                        param.grad = grad = grad.coalesce()
-                    grad = grad._values()
-                grads[grad.device][grad.dtype].append(grad)
-        per_device: dict[torch.device, torch.Tensor] = {}
-        for device, by_dtype in grads.items():
-            per_device[device] = found_inf.to(device)
-            device_inv_scale = inv_scale.to(device)
-            for tensors in by_dtype.values():
-                torch._amp_foreach_non_finite_check_and_unscale_(tensors, per_device[device], device_inv_scale)
-        return per_device
-
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide the optimizer's gradients by the scale in place and record inf/NaN (no sync).
 
@@ -191,7 +184,7 @@ class DynamicLossScaler:
             raise RuntimeError("unscale_() is being called after step()")
         inv_scale = scale.double().reciprocal().float()  # as GradScaler: reciprocal in fp64
         found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
-        state["found_inf_per_device"] = self._unscale_grads(optimizer, inv_scale, found_inf, False)
+        state["found_inf_per_device"] = unscale_grads_(optimizer, inv_scale, found_inf, False)
         state["stage"] = _Stage.UNSCALED
 
     def found_inf(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
@@ -208,7 +201,7 @@ class DynamicLossScaler:
 
     # ------------------------------------------------------------------ stepping
 
-    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> float | None:
         """Unscale (if not done yet) and step the optimizer unless a gradient is inf/NaN.
 
         Returns what ``optimizer.step`` returned, or ``None`` for a skipped step in
@@ -223,22 +216,17 @@ class DynamicLossScaler:
         if state["stage"] is _Stage.STEPPED:
             raise RuntimeError("step() has already been called since the last update()")
 
-        if getattr(optimizer, "_step_supports_amp_scaling", False):
-            # Fused optimizers unscale and skip inside their kernel: no sync.
+        if skips_in_kernel(optimizer):
+            # Fused optimizers unscale and skip inside their kernel: no sync (GradScaler's path,
+            # plus fused_step's reset of state that a skipped first step creates).
+            grad_scale = None
             if state["stage"] is _Stage.READY:
                 found = torch.zeros((), dtype=torch.float32, device=scale.device)
                 one = torch.ones((), dtype=torch.float32, device=scale.device)
                 # check only (inv_scale = 1): the fused kernel divides by grad_scale itself
-                state["found_inf_per_device"] = self._unscale_grads(optimizer, one, found, True)
-                optimizer.grad_scale = scale * getattr(optimizer, "grad_scale", 1)  # type: ignore[attr-defined]
-            else:
-                optimizer.grad_scale = getattr(optimizer, "grad_scale", None)  # type: ignore[attr-defined]
-            optimizer.found_inf = self.found_inf(optimizer)  # type: ignore[attr-defined]
-            try:
-                result = optimizer.step(*args, **kwargs)
-            finally:
-                del optimizer.grad_scale  # type: ignore[attr-defined]
-                del optimizer.found_inf  # type: ignore[attr-defined]
+                state["found_inf_per_device"] = unscale_grads_(optimizer, one, found, True)
+                grad_scale = scale * getattr(optimizer, "grad_scale", 1)
+            result = fused_step(optimizer, self.found_inf(optimizer), *args, grad_scale=grad_scale, **kwargs)
             state["stage"] = _Stage.STEPPED
             return result
 
@@ -247,6 +235,9 @@ class DynamicLossScaler:
         if not state["found_inf_per_device"]:
             raise RuntimeError("no gradients were found for this optimizer: nothing to check")
         if self.skip_mode == "mask":
+            if id(optimizer) not in self._skippable:
+                check_skippable(optimizer)  # what masking cannot skip exactly is refused, once
+                self._skippable.add(id(optimizer))
             result = masked_step(optimizer, self.found_inf(optimizer), *args, **kwargs)
         elif not sum(v.item() for v in state["found_inf_per_device"].values()):  # the GradScaler sync
             result = optimizer.step(*args, **kwargs)
@@ -290,24 +281,12 @@ class DynamicLossScaler:
                     self._growth_factor, self._backoff_factor, self._growth_interval,
                 )
             else:
-                self._update_with_hysteresis(scale, found_inf)
+                update_scale_with_hysteresis_(scale, self._growth_tracker, self._overflow_tracker, found_inf,
+                                              self._growth_factor, self._backoff_factor, self._growth_interval,
+                                              self._hysteresis)
             self.skipped_steps.add_((found_inf > 0).to(self.skipped_steps.dtype))
             self.last_found_inf = found_inf
         self._per_optimizer = defaultdict(_fresh_state)
-
-    def _update_with_hysteresis(self, scale: torch.Tensor, found_inf: torch.Tensor) -> None:
-        growth, overflow = self._growth_tracker, self._overflow_tracker
-        assert growth is not None and overflow is not None
-        found = found_inf > 0
-        zero = torch.zeros_like(growth)
-        overflow.copy_(torch.where(found, overflow + 1, zero))
-        back_off = found & (overflow >= self._hysteresis)
-        due = ~found & (growth + 1 >= self._growth_interval)
-        grown = scale * self._growth_factor
-        new_scale = torch.where(back_off, scale * self._backoff_factor, scale)
-        new_scale = torch.where(due & torch.isfinite(grown), grown, new_scale)
-        scale.copy_(new_scale)
-        growth.copy_(torch.where(found | due, zero, growth + 1))
 
     # ------------------------------------------------------------------ reading and saving
 
@@ -321,15 +300,35 @@ class DynamicLossScaler:
         """The current scale as a 0-d tensor on the loss's device (no sync)."""
         if not self._enabled:
             return torch.ones(())
-        return torch.tensor(self._init_scale) if self._scale is None else self._scale
+        return torch.tensor(self._init_scale, device=self._device) if self._scale is None else self._scale
 
     def is_enabled(self) -> bool:
         """Whether scaling is on."""
         return self._enabled
 
+    def get_growth_factor(self) -> float:
+        """Multiplier of the scale after ``growth_interval`` clean steps."""
+        return self._growth_factor
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        """Set the growth factor (> 1)."""
+        self._growth_factor = float(new_factor)
+
+    def get_backoff_factor(self) -> float:
+        """Multiplier of the scale after an overflow."""
+        return self._backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        """Set the backoff factor (in (0, 1))."""
+        self._backoff_factor = float(new_factor)
+
     def get_growth_interval(self) -> int:
         """Clean steps needed before the scale grows."""
         return self._growth_interval
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        """Set the number of clean steps needed before the scale grows."""
+        self._growth_interval = int(new_interval)
 
     @property
     def hysteresis(self) -> int:

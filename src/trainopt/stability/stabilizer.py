@@ -5,16 +5,24 @@
 1. ``torch.amp.autocast(device_type, dtype)`` around the forward pass;
 2. a loss scaler (:class:`~trainopt.stability.scaling.DynamicLossScaler`) for ``float16`` only, and its
    ``unscale_`` before anything looks at the gradients (``bfloat16`` needs no scaling);
-3. the monitors of a :class:`StabilityChecker`: loss spikes, gradient norms, explosions;
+3. the monitors of a :class:`~trainopt.stability.checker.StabilityChecker`: loss spikes, gradient
+   norms, explosions, with the flag agreed over the ranks when ``torch.distributed`` is initialised;
 4. gradient clipping with the norm the monitor already measured;
 5. the optimizer step, *skipped on the device* when a gradient is non-finite (and, by default,
-   when the loss spikes or the gradient norm explodes): the flag goes to fused optimizers as
-   their ``found_inf`` argument, and other optimizers step through
-   :func:`~trainopt.stability.skip.masked_step`. No inf/NaN ever reaches the weights or the optimizer
-   state, and nothing is read on the host to decide;
+   when the loss spikes or the gradient norm explodes): fused optimizers get the flag as their
+   ``found_inf`` (:func:`~trainopt.stability.skip.fused_step`), others step through
+   :func:`~trainopt.stability.skip.masked_step`. A skipped step leaves the weights and the
+   optimizer state exactly as if it had never run, first step included, for every optimizer
+   that :func:`~trainopt.stability.optimizers.check_skippable` accepts (it refuses the others
+   when the stabilizer is built);
 6. every ``check_every`` steps, one boundary where the host reads the statistics: it reconciles
    the learning-rate schedule with the steps actually applied, saves a checkpoint while the run
    is stable, and lets :class:`~trainopt.stability.recovery.TrainingRecovery` roll back when it is not.
+
+Where the host syncs. Nowhere between boundaries, on CPU and on CUDA, for the optimizers the
+stabilizer accepts: fused ones; SGD; and on CUDA the ``capturable=True`` variants of the others
+(their default ``capturable=False`` keeps step counters on the CPU, and is refused there). A
+scaler's ``skip_mode`` does not matter here: the stabilizer steps the optimizer itself.
 
 Skipped steps and the schedule. A skipped step must not advance the schedule, but knowing that
 a step was skipped needs the host. The stabilizer steps the scheduler every step and, at each
@@ -23,6 +31,14 @@ boundary, rewinds it by the number of steps skipped in the window: for a ``Lambd
 in closed form; any other scheduler holds still for that many steps instead. So at every boundary
 the schedule position equals the number of applied optimizer steps, and in between it runs
 ahead by at most the steps skipped since the last boundary.
+
+Checkpoints and restarts. A boundary checkpoint holds the model, the optimizer, the scheduler,
+the scaler, the recovery's state (its learning-rate scale included) and, for every rank, the
+stabilizer's counters, its checker windows, the clipper's statistics, the random number
+generators and the position in the data (``data=``, e.g. a
+:class:`~trainopt.stability.data.ResumableSampler`). :meth:`TrainingStabilizer.resume` loads the
+newest valid one, so a killed run continues as the run it replaced. Rank 0 writes; every rank
+loads the file rank 0 picked.
 """
 
 from __future__ import annotations
@@ -34,114 +50,70 @@ from typing import Any
 
 import torch
 
+from trainopt.stability.checker import StabilityChecker
 from trainopt.stability.clipping import clip_grads_with_norm_
-from trainopt.stability.gradients import GradientMonitor
-from trainopt.stability.monitors import LossStabilityMonitor
+from trainopt.stability.distributed import (
+    all_gather,
+    barrier,
+    broadcast_from_rank0,
+    is_main_process,
+    rank_and_world,
+)
+from trainopt.stability.optimizers import check_skippable, skips_in_kernel
+from trainopt.stability.rng import get_rng_state, set_rng_state
 from trainopt.stability.scaling import DynamicLossScaler
-from trainopt.stability.skip import masked_step
+from trainopt.stability.skip import fused_step, masked_step
+
+__all__ = ["StabilityChecker", "TrainingStabilizer"]
 
 _DTYPES = {None: None, "fp32": None, "float32": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
            "fp16": torch.float16, "float16": torch.float16}
 
+_TRAJECTORY = ("steps", "total_skipped", "scheduler_debt", "skipped", "checker")
 
-class StabilityChecker:
-    """Loss and gradient monitors behind one ``update`` (device only) and one ``check`` (host).
 
-    :meth:`update` returns a 0-d bool tensor per step: ``True`` when the loss is non-finite or
-    spikes, or the gradient norm is non-finite or explodes. :meth:`check` reads the monitors and
-    says whether the last window was stable, and why not.
+class _RankEntries:
+    """The per-rank part of a checkpoint: each rank's stabilizer state, generators and data position.
 
-    Args:
-        model_or_optimizer: What the :class:`~trainopt.stability.gradients.GradientMonitor` measures (an
-            optimizer gives per-group norms).
-        loss_monitor: Defaults to ``LossStabilityMonitor(check_every=check_every)``.
-        gradient_monitor: Defaults to ``GradientMonitor(model_or_optimizer, check_every=check_every)``.
-        check_every: Steps between host reads.
-
-    Example:
-        >>> import torch
-        >>> from trainopt.stability import StabilityChecker
-        >>> model = torch.nn.Linear(4, 1)
-        >>> checker = StabilityChecker(model, check_every=20)
-        >>> for step in range(20):
-        ...     model.zero_grad()
-        ...     loss = model(torch.randn(8, 4)).pow(2).mean()
-        ...     loss.backward()
-        ...     flag = checker.update(loss)
-        >>> report = checker.check()
-        >>> report["is_stable"], report["flagged_steps"]
-        (True, 0)
+    ``state_dict`` gives this rank's entry in its slot; ``load_state_dict`` takes this rank's
+    entry: everything on a resume, only the stabilizer's trajectory on a rollback (the run moves
+    on in the data and the random numbers, and keeps counting skipped steps).
     """
 
-    def __init__(
-        self,
-        model_or_optimizer: torch.nn.Module | torch.optim.Optimizer,
-        loss_monitor: LossStabilityMonitor | None = None,
-        gradient_monitor: GradientMonitor | None = None,
-        check_every: int = 100,
-    ) -> None:
-        self.loss_monitor = loss_monitor or LossStabilityMonitor(check_every=check_every)
-        self.gradient_monitor = gradient_monitor or GradientMonitor(model_or_optimizer, check_every=check_every)
-        self.check_every = check_every
-        self.flagged = torch.zeros((), dtype=torch.long)
-        self.last_flag = torch.tensor(False)
-        self.last_grad_norm = torch.tensor(math.nan)
-        self.nonfinite_grads = torch.tensor(False)
+    def __init__(self, stabilizer: TrainingStabilizer, resume: bool) -> None:
+        self.stabilizer, self.resume = stabilizer, resume
 
-    @torch.no_grad()
-    def update(self, loss: torch.Tensor) -> torch.Tensor:
-        """Fold this step's loss and gradients into the monitors; return the "unstable" flag."""
-        self.loss_monitor.update(loss)
-        self.last_grad_norm = self.gradient_monitor.update()
-        detector = self.loss_monitor.detector
-        self.nonfinite_grads = ~torch.isfinite(self.last_grad_norm)
-        self.last_flag = (detector.last_spike | detector.last_nonfinite | self.nonfinite_grads
-                          | self.gradient_monitor.last_explosion)
-        if self.flagged.device != self.last_flag.device:
-            self.flagged = self.flagged.to(self.last_flag.device)
-        self.flagged.add_(self.last_flag.long())
-        return self.last_flag
-
-    def check(self) -> dict[str, Any]:
-        """Read both monitors (host), start a new window, return a report with ``is_stable``."""
-        loss = self.loss_monitor.check()
-        grads = self.gradient_monitor.check()
-        flagged = int(self.flagged.item())
-        self.flagged.zero_()
-        reasons = []
-        if loss["nonfinite"]:
-            reasons.append(f"{loss['nonfinite']} non-finite losses")
-        if loss["spikes"]:
-            reasons.append(f"{loss['spikes']} loss spikes (max robust z {loss['max_z']:.1f})")
-        if grads["nonfinite"]:
-            reasons.append(f"{grads['nonfinite']} non-finite gradient norms")
-        if grads["explosions"]:
-            reasons.append(f"{grads['explosions']} gradient explosions (max norm {grads['max_grad_norm']:.3g})")
-        return {
-            "is_stable": not reasons,
-            "reasons": reasons,
-            "flagged_steps": flagged,
-            "weights_finite": math.isfinite(grads["param_norm"]),
-            "loss": loss,
-            "gradients": grads,
-        }
+    def local(self) -> dict[str, Any]:
+        data = self.stabilizer.data
+        return {"stabilizer": self.stabilizer.state_dict(), "rng": get_rng_state(),
+                "data": None if data is None else data.state_dict()}
 
     def state_dict(self) -> dict[str, Any]:
-        """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
-        return {"loss_monitor": self.loss_monitor.state_dict(),
-                "gradient_monitor": self.gradient_monitor.state_dict(),
-                "flagged": self.flagged.detach().clone()}
+        rank, world = rank_and_world(self.stabilizer.process_group)
+        return {"ranks": [self.local() if r == rank else None for r in range(world)]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        self.loss_monitor.load_state_dict(state["loss_monitor"])
-        self.gradient_monitor.load_state_dict(state["gradient_monitor"])
-        self.flagged = state["flagged"].detach().clone().to(self.flagged.device)
+        rank, world = rank_and_world(self.stabilizer.process_group)
+        if len(state["ranks"]) != world:
+            raise ValueError(f"the checkpoint holds {len(state['ranks'])} ranks, this run has {world}")
+        entry = state["ranks"][rank]
+        if not self.resume:
+            self.stabilizer._load_trajectory(entry["stabilizer"])
+            return
+        if (entry["data"] is None) != (self.stabilizer.data is None):
+            raise ValueError("the checkpoint and this run disagree on whether there is a data position (data=)")
+        self.stabilizer.load_state_dict(entry["stabilizer"])
+        if self.stabilizer.data is not None:
+            self.stabilizer.data.load_state_dict(entry["data"])
+        set_rng_state(entry["rng"])
 
 
-def _supports_found_inf(optimizer: torch.optim.Optimizer) -> bool:
-    """Fused Adam/AdamW/SGD take ``found_inf`` and skip inside their kernel."""
-    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+class _Gathered:
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state
 
 
 class TrainingStabilizer:
@@ -149,11 +121,13 @@ class TrainingStabilizer:
 
     Args:
         model: The model being trained (its parameters pick the device type of autocast).
-        optimizer: Any optimizer. Fused ones (``torch.optim.AdamW(..., fused=True)``) skip a
-            step inside their kernel; others go through :func:`~trainopt.stability.skip.masked_step`,
-            which copies parameters and state every step. Either way nothing syncs.
+        optimizer: An optimizer that :func:`~trainopt.stability.optimizers.check_skippable`
+            accepts; others raise :class:`~trainopt.stability.optimizers.UnsupportedOptimizerError`
+            here, naming what to use instead. Fused ones skip inside their kernel; the others go
+            through :func:`~trainopt.stability.skip.masked_step` (a copy of parameters and state
+            per step).
         scheduler: A learning-rate scheduler to step once per call (see the module notes on
-            skipped steps), or ``None``.
+            skipped steps), or ``None``. ``ReduceLROnPlateau`` needs a metric: step it yourself.
         dtype: Autocast dtype: ``torch.bfloat16``, ``torch.float16`` (adds a loss scaler) or
             ``None`` for full precision. The strings ``"bf16"``, ``"fp16"``, ``"fp32"`` work too.
         scaler: A loss scaler with the ``torch.amp.GradScaler`` interface; for ``float16`` only,
@@ -167,7 +141,12 @@ class TrainingStabilizer:
         recovery: A :class:`~trainopt.stability.recovery.TrainingRecovery` for rollbacks; its checkpoint
             manager receives a checkpoint at every stable boundary where its ``should_save(step)``
             is true (make ``save_frequency`` a multiple of ``check_every``).
-        checker: A :class:`StabilityChecker`; one is built on ``optimizer`` by default.
+        checker: A :class:`~trainopt.stability.checker.StabilityChecker`; one is built on
+            ``optimizer`` by default.
+        data: The position in the data (``state_dict()``/``load_state_dict()``, e.g. a
+            :class:`~trainopt.stability.data.ResumableSampler`), saved with every checkpoint.
+        process_group: The ranks that agree on every decision; ``None`` is the default group
+            when ``torch.distributed`` is initialised (nothing to agree on otherwise).
 
     Example:
         >>> import torch
@@ -199,6 +178,8 @@ class TrainingStabilizer:
         skip_unstable: bool = True,
         recovery: Any = None,
         checker: StabilityChecker | None = None,
+        data: Any = None,
+        process_group: Any = None,
     ) -> None:
         if isinstance(dtype, str) or dtype is None:
             if dtype not in _DTYPES:
@@ -214,6 +195,11 @@ class TrainingStabilizer:
             raise ValueError(f"check_every must be a positive int, got {check_every=}")
         if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
             raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm=}")
+        if scheduler is not None and (isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+                                      or not callable(getattr(scheduler, "step", None))):
+            raise ValueError(f"scheduler must be stepped once per step with no argument; a "
+                             f"{type(scheduler).__name__} is not: step it yourself and pass it to the recovery only")
+        check_skippable(optimizer)
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -224,15 +210,16 @@ class TrainingStabilizer:
         self.check_every = check_every
         self.skip_unstable = skip_unstable
         self.recovery = recovery
-        self.checker = checker or StabilityChecker(optimizer, check_every=check_every)
+        self.data = data
+        self.process_group = process_group
+        self.checker = checker or StabilityChecker(optimizer, check_every=check_every, process_group=process_group)
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.device = self.params[0].device
-        self.fused = _supports_found_inf(optimizer)
+        self.fused = skips_in_kernel(optimizer)
         self.steps = 0
         self.skipped = torch.zeros((), dtype=torch.long, device=self.device)
         self.total_skipped = 0  # skipped steps on the current trajectory (rewound on rollback)
         self.skip_events = 0  # every step ever skipped, rolled back or not
-        self._skipped_at_checkpoint: dict[int, int] = {}
         self.scheduler_debt = 0
         self.last_report: dict[str, Any] | None = None
         self.reports: list[dict[str, Any]] = []
@@ -268,7 +255,11 @@ class TrainingStabilizer:
             self.clipper.clip(self.params, total_norm=norm)
         elif self.max_grad_norm is not None:
             clip_grads_with_norm_(self.params, self.max_grad_norm, norm)
-        self._optimizer_step(skip)
+        found_inf = skip.to(torch.float32)
+        if self.fused:
+            fused_step(self.optimizer, found_inf)
+        else:
+            masked_step(self.optimizer, found_inf)
         self.skipped.add_(skip.long())
         if self.scaler is not None:
             self.scaler.update()
@@ -282,17 +273,6 @@ class TrainingStabilizer:
             self.check()
         return loss
 
-    def _optimizer_step(self, skip: torch.Tensor) -> None:
-        found_inf = skip.to(torch.float32)
-        if self.fused:
-            self.optimizer.found_inf = found_inf  # type: ignore[attr-defined]
-            try:
-                self.optimizer.step()
-            finally:
-                del self.optimizer.found_inf  # type: ignore[attr-defined]
-        else:
-            masked_step(self.optimizer, found_inf)
-
     def check(self) -> dict[str, Any]:
         """The boundary: read the statistics, fix the schedule, checkpoint or recover."""
         report = self.checker.check()
@@ -304,20 +284,45 @@ class TrainingStabilizer:
         self._reconcile_schedule(skipped)
         reason = self.recovery.check(report) if self.recovery is not None else None
         if reason is not None:
-            self.steps = self.recovery.recover(reason)
-            self.total_skipped = self._skipped_at_checkpoint.get(self.steps, self.total_skipped)
-            self.scheduler_debt = 0
+            path = broadcast_from_rank0(self.recovery.checkpoint_manager.latest_path()
+                                        if self.recovery.checkpoint_manager is not None else None,
+                                        self.process_group)
+            self.recovery.recover(reason, path=path, extra={"stabilizer": _RankEntries(self, resume=False)})
             report["recovered"] = reason
         elif report["is_stable"] and self._checkpoint_due():
-            loss = report["loss"]["median"]
-            self.recovery.checkpoint_manager.save_checkpoint(
-                self.model, self.optimizer, self.steps, loss if math.isfinite(loss) else math.inf,
-                scheduler=self.scheduler, scaler=self.scaler,
-            )
-            self._skipped_at_checkpoint[self.steps] = self.total_skipped
+            self._save(report["loss"]["median"])
         self.last_report = report
         self.reports.append(report)
         return report
+
+    def _save(self, loss: float) -> None:
+        ranks = {"ranks": all_gather(_RankEntries(self, resume=True).local(), self.process_group)}
+        if is_main_process(self.process_group):
+            self.recovery.checkpoint_manager.save_checkpoint(
+                self.model, self.optimizer, self.steps, loss if math.isfinite(loss) else math.inf,
+                scheduler=self.scheduler, scaler=self.scaler,
+                extra={"stabilizer": _Gathered(ranks), "recovery": self.recovery},
+            )
+        barrier(self.process_group)  # no rank reads the directory before the file is complete
+
+    def resume(self) -> int | None:
+        """Load the newest valid boundary checkpoint into everything; return its step (``None``: none).
+
+        Model, optimizer, scheduler, scaler, the recovery's state, and this rank's stabilizer
+        state, random number generators and data position: the run continues exactly where the
+        checkpoint was taken. Every rank loads the file rank 0 picked.
+        """
+        manager = getattr(self.recovery, "checkpoint_manager", None)
+        if manager is None:
+            raise ValueError("resume() needs a recovery with a checkpoint_manager")
+        path = broadcast_from_rank0(manager.latest_path(), self.process_group)
+        if path is None:
+            return None
+        step, _ = manager.load_checkpoint(
+            self.model, self.optimizer, path, scheduler=self.scheduler, scaler=self.scaler,
+            extra={"recovery": self.recovery, "stabilizer": _RankEntries(self, resume=True)}, restore_rng=False,
+        )
+        return step
 
     def _checkpoint_due(self) -> bool:
         manager = getattr(self.recovery, "checkpoint_manager", None)
@@ -341,7 +346,7 @@ class TrainingStabilizer:
         return self.steps - self.total_skipped - int(self.skipped.item())
 
     def state_dict(self) -> dict[str, Any]:
-        """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
+        """Counters, checker windows and clipper statistics (loads with ``weights_only=True``)."""
         state = {"steps": self.steps, "total_skipped": self.total_skipped, "skip_events": self.skip_events,
                  "scheduler_debt": self.scheduler_debt, "skipped": self.skipped.detach().clone(),
                  "checker": self.checker.state_dict()}
@@ -351,11 +356,20 @@ class TrainingStabilizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+        self._load_trajectory(state)
+        self.skip_events = int(state["skip_events"])
+
+    def _load_trajectory(self, state: dict[str, Any]) -> None:
+        """Everything but the count of every skip ever made (a rollback keeps counting)."""
+        missing = [k for k in (*_TRAJECTORY, "skip_events") if k not in state]
+        if ("clipper" in state) != (self.clipper is not None and hasattr(self.clipper, "state_dict")):
+            missing.append("clipper (in the state or in this stabilizer, not both)")
+        if missing:
+            raise KeyError(f"TrainingStabilizer state_dict does not fit: {missing}")
+        self.checker.load_state_dict(state["checker"])
+        if "clipper" in state:
+            self.clipper.load_state_dict(state["clipper"])
         self.steps = int(state["steps"])
         self.total_skipped = int(state["total_skipped"])
-        self.skip_events = int(state.get("skip_events", self.total_skipped))
         self.scheduler_debt = int(state["scheduler_debt"])
         self.skipped = state["skipped"].detach().clone().to(self.device)
-        self.checker.load_state_dict(state["checker"])
-        if "clipper" in state and self.clipper is not None:
-            self.clipper.load_state_dict(state["clipper"])

@@ -5,7 +5,10 @@
 - :func:`any_rank` makes a skip or roll-back decision the same on every rank (a MAX
   all-reduce of a flag, on the device); :func:`step_unless_any_rank_nonfinite` uses it to step
   the optimizer on every rank or on none.
-- :func:`broadcast_from_rank0` gives every rank rank 0's choice (the checkpoint to load).
+- ``broadcast_from_rank0`` gives every rank rank 0's choice (the checkpoint to load), and
+  ``is_main_process`` says which rank writes: both are
+  :func:`trainopt.stability.distributed.broadcast_from_rank0` and
+  :func:`trainopt.stability.distributed.is_main_process`, the ones the stabilizer uses.
 
 Outside a process group every function works on the one process, so the same code runs on one
 GPU and on many.
@@ -14,11 +17,15 @@ GPU and on many.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from trainopt.stability.distributed import broadcast_from_rank0, is_main_process
+
+__all__ = ["GradientScaleError", "any_rank", "broadcast_from_rank0", "check_gradient_scale", "gradient_scale",
+           "is_main_process", "nonfinite_flag", "step_unless_any_rank_nonfinite"]
 
 # ---------------------------------------------------------------------------------------------
 # Loss scale: summed versus averaged
@@ -168,29 +175,3 @@ def step_unless_any_rank_nonfinite(optimizer: torch.optim.Optimizer, loss: torch
         return False
     optimizer.step()
     return True
-
-
-def is_main_process() -> bool:
-    """True on rank 0, or when no process group is initialised.
-
-    Example:
-        >>> from trainopt.perf.distributed import is_main_process
-        >>> is_main_process()
-        True
-    """
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-
-
-def broadcast_from_rank0(obj: Any) -> Any:
-    """Rank 0's ``obj`` on every rank (e.g. the checkpoint path to roll back to).
-
-    Example:
-        >>> from trainopt.perf.distributed import broadcast_from_rank0
-        >>> broadcast_from_rank0("checkpoint_step_1000.pt")
-        'checkpoint_step_1000.pt'
-    """
-    if not (dist.is_available() and dist.is_initialized()):
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
