@@ -171,12 +171,13 @@ def test_chart_has_one_bar_per_measured_configuration(bench: dict[str, Any], tmp
 
 
 def page_renders(page: Path) -> list[tuple[str, str, dict[str, Any]]]:
-    """``(function, data path, kwargs)`` of every ``trainopt-render`` block of a page."""
+    """``(function, data path, kwargs)`` of every ``trainopt-render`` block of a page that shows benchmark results."""
     found = re.findall(r"```\{trainopt-render\} (\S+)\n((?::\w+: .*\n)*)```", page.read_text())
     renders = []
     for dotted, options in found:
         opts = dict(re.findall(r":(\w+): (.*)", options))
-        renders.append((dotted, opts.get("data", ""), json.loads(opts.get("kwargs", "{}"))))
+        if dotted.startswith("trainopt.perf.bench."):
+            renders.append((dotted, opts.get("data", ""), json.loads(opts.get("kwargs", "{}"))))
     return renders
 
 

@@ -34,6 +34,10 @@ def _change(fraction: float) -> str:
     return f"{fraction * 100:+.0f}%"
 
 
+def _error(fraction: float) -> str:
+    return f"{fraction * 100:+.2f}%"
+
+
 def _ratio(value: float) -> str:
     return f"{value:.2f}"
 
@@ -50,8 +54,8 @@ def _gib(num_bytes: float) -> str:
     return f"{num_bytes / 2**30:.2f}"
 
 
-NUMBER_FORMATS: tuple[Callable[[Any], str], ...] = (_ms, _rate, _percent, _change, _ratio, _ratio3, _mib, _gib,
-                                                   str, lambda v: f"{v:.1f}", lambda v: f"{v:.2f}")
+NUMBER_FORMATS: tuple[Callable[[Any], str], ...] = (
+    _ms, _rate, _percent, _change, _error, _ratio, _ratio3, _mib, _gib, str, lambda v: f"{v:.1f}", lambda v: f"{v:.2f}")
 """Every way the renderer prints a number (a test checks that every printed number is one of these)."""
 
 
@@ -214,7 +218,7 @@ def _experiments_estimate(results: Results) -> list[str]:
     rows = [(name, r) for name, r in rows if r.get("estimate_bytes") is not None]
     unit, mem = _memory_unit([r["peak_memory_bytes"] for _, r in rows])
     return _table(["configuration", f"estimate ({unit})", f"measured peak ({unit})", "error"],
-                  [[name, mem(r["estimate_bytes"]), mem(r["peak_memory_bytes"]), _percent(r["estimate_error"])]
+                  [[name, mem(r["estimate_bytes"]), mem(r["peak_memory_bytes"]), _error(r["estimate_error"])]
                    for name, r in rows])
 
 
@@ -300,7 +304,10 @@ def _missing(path: Path) -> str:
 
 
 def render(source: str | os.PathLike | Results, parts: Sequence[str] | None = None) -> str:
-    """MyST Markdown of the ``parts`` of a results file (default: all of its kind), each labelled.
+    """MyST Markdown of the ``parts`` of a results file (default: all of its kind).
+
+    Every table is followed by its label (:func:`~trainopt.perf.bench.results.label`: hardware,
+    software, date, commit); parts without a table are labelled once, at the end.
 
     Args:
         source: A results file (or the loaded results).
@@ -324,8 +331,12 @@ def render(source: str | os.PathLike | Results, parts: Sequence[str] | None = No
     unknown = [p for p in chosen if p not in available]
     if unknown:
         raise ValueError(f"parts of a {results['kind']} file must be among {list(available)}, got {unknown}")
+    tag = label(results)
     blocks = ["\n".join(available[name](results)) for name in chosen]
-    return "\n\n".join(blocks) + "\n\n" + label(results) + "\n"
+    labelled = [block + ("\n\n" + tag if "| --- |" in block else "") for block in blocks]
+    if not any("| --- |" in block for block in blocks):
+        labelled.append(tag)
+    return "\n\n".join(labelled) + "\n"
 
 
 def render_device_peaks() -> str:
