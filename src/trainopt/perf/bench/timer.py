@@ -73,7 +73,7 @@ def warm_up(step: Callable[[], Any], device: str | torch.device, *, min_steps: i
     Example:
         >>> import itertools, time
         >>> from trainopt.perf.bench.timer import warm_up
-        >>> slow_start = itertools.chain([0.1] * 3, itertools.repeat(0.02))
+        >>> slow_start = itertools.chain([0.2] * 3, itertools.repeat(0.05))
         >>> result = warm_up(lambda: time.sleep(next(slow_start)), "cpu", min_steps=0, window=3, max_steps=30)
         >>> result["stable"], result["steps"]  # the first window is slow; the next two agree
         (True, 9)
