@@ -1,15 +1,17 @@
 """Performance: the code of the Advanced Performance pages.
 
 - :mod:`~trainopt.perf.precision`: fp32, tf32, bf16 or fp16 by one name (mixed precision page).
-- :mod:`~trainopt.perf.memory` and :mod:`~trainopt.perf.estimate`: activation checkpointing,
-  memory per phase, snapshots, and the memory estimate (memory page).
+- :mod:`~trainopt.perf.memory`, :mod:`~trainopt.perf.estimate` and :mod:`~trainopt.perf.peak`:
+  activation checkpointing, memory per phase, snapshots, the memory estimate, and the peak of a
+  step measured on any device (memory page).
 - :mod:`~trainopt.perf.profiling`: torch.profiler and step timing (profiling page).
 - :mod:`~trainopt.perf.throughput`: tokens/s, step-time percentiles, MFU and alerts (monitoring page).
 - :mod:`trainopt.perf.distributed`: DDP, FSDP2, rank agreement and the distributed page's checks.
-- :mod:`trainopt.perf.bench`: the benchmark harness, its results files and its command line
-  (benchmarking page).
+- :mod:`trainopt.perf.bench`: the benchmark harness, its timer, MFU definition and peak table,
+  results files and their renderer, and its command line (benchmarking page).
 """
 
+from trainopt.perf.bench.mfu import mfu
 from trainopt.perf.estimate import (
     MemoryEstimate,
     bytes_per_parameter,
@@ -26,6 +28,7 @@ from trainopt.perf.memory import (
     remove_activation_checkpointing,
     saved_activation_bytes,
 )
+from trainopt.perf.peak import LiveStorageTracker, measure_peak_memory
 from trainopt.perf.precision import (
     PRECISIONS,
     MatmulSettings,
@@ -38,6 +41,8 @@ from trainopt.perf.precision import (
 from trainopt.perf.profiling import (
     StepProfiler,
     StepTimer,
+    clock_mark,
+    elapsed_ms,
     percentile,
     profile_steps,
     summarize,
@@ -46,16 +51,15 @@ from trainopt.perf.throughput import (
     MemoryNearLimitAlert,
     ThroughputDropAlert,
     ThroughputMonitor,
-    mfu,
     read_jsonl,
 )
 
 __all__ = [
-    "PRECISIONS", "MatmulSettings", "MemoryEstimate", "MemoryNearLimitAlert", "MemoryTracker",
-    "PhaseMemory", "Precision", "PrecisionNotSupportedError", "StepProfiler", "StepTimer",
+    "PRECISIONS", "LiveStorageTracker", "MatmulSettings", "MemoryEstimate", "MemoryNearLimitAlert",
+    "MemoryTracker", "PhaseMemory", "Precision", "PrecisionNotSupportedError", "StepProfiler", "StepTimer",
     "ThroughputDropAlert", "ThroughputMonitor", "allocator_settings", "apply_activation_checkpointing",
-    "bytes_per_parameter", "check_supported", "estimate_training_memory", "expandable_segments_in_use",
-    "gpt_activation_bytes", "make_scaler", "mfu", "percentile", "profile_steps", "read_jsonl",
-    "record_memory_history", "remove_activation_checkpointing", "saved_activation_bytes",
-    "summarize", "supported_precisions",
+    "bytes_per_parameter", "check_supported", "clock_mark", "elapsed_ms", "estimate_training_memory",
+    "expandable_segments_in_use", "gpt_activation_bytes", "make_scaler", "measure_peak_memory", "mfu",
+    "percentile", "profile_steps", "read_jsonl", "record_memory_history", "remove_activation_checkpointing",
+    "saved_activation_bytes", "summarize", "supported_precisions",
 ]

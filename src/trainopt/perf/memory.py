@@ -233,39 +233,38 @@ class MemoryTracker:
 
 
 @contextlib.contextmanager
-def record_memory_history(path: str | Path, max_entries: int = 100_000) -> Iterator[Path]:
+def record_memory_history(path: str | Path, max_entries: int = 100_000,
+                          device: str | torch.device = "cuda") -> Iterator[Path]:
     """Record every CUDA allocation in the block and dump a snapshot to ``path`` on exit.
 
     Open the file at https://pytorch.org/memory_viz (drag and drop) to see each allocation
-    over time with its Python stack.
+    over time with its Python stack. The memory page records one on a GPU.
 
     Raises:
+        ValueError: ``device`` is not a CUDA device: only CUDA's allocator keeps a history.
         RuntimeError: CUDA is not available.
 
     Example:
-        >>> import torch
-        >>> from pathlib import Path
         >>> from trainopt.perf import record_memory_history
-        >>> import tempfile
-        >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     try:
-        ...         with record_memory_history(Path(tmp, "snapshot.pickle")) as path:
-        ...             _ = torch.ones(1024, device="cuda") * 2
-        ...         result = path.stat().st_size > 0
-        ...     except RuntimeError as err:  # no CUDA here
-        ...         result = str(err)
-        >>> result in (True, "record_memory_history needs CUDA: torch.cuda.is_available() is False")
-        True
+        >>> try:
+        ...     with record_memory_history("snapshot.pickle", device="cpu"):
+        ...         pass
+        ... except ValueError as error:
+        ...     print(error)
+        record_memory_history records CUDA allocations: device must be a CUDA device, got 'cpu'
     """
+    if torch.device(device).type != "cuda":
+        raise ValueError(f"record_memory_history records CUDA allocations: device must be a CUDA device, "
+                         f"got {str(device)!r}")
     if not torch.cuda.is_available():
         raise RuntimeError("record_memory_history needs CUDA: torch.cuda.is_available() is False")
     path = Path(path)
-    torch.cuda.memory._record_memory_history(max_entries=max_entries)
+    torch.cuda.memory._record_memory_history(max_entries=max_entries, device=device)
     try:
         yield path
     finally:
         torch.cuda.memory._dump_snapshot(str(path))
-        torch.cuda.memory._record_memory_history(enabled=None)
+        torch.cuda.memory._record_memory_history(enabled=None, device=device)
 
 
 def allocator_settings(conf: str | None = None) -> dict[str, str]:
@@ -290,24 +289,27 @@ def allocator_settings(conf: str | None = None) -> dict[str, str]:
     return settings
 
 
-def expandable_segments_in_use() -> bool:
-    """Whether the CUDA allocator's segments are expandable (from its live snapshot).
+def expandable_segments_in_use(segments: list[dict[str, Any]] | None = None) -> bool:
+    """Whether the CUDA allocator's segments are expandable, from its live snapshot.
+
+    Args:
+        segments: Segments as ``torch.cuda.memory_snapshot()`` lists them; default: the live
+            allocator's (a probe tensor makes sure there is one).
 
     Raises:
-        RuntimeError: CUDA is not available.
+        RuntimeError: no ``segments`` given and CUDA is not available.
 
     Example:
         >>> from trainopt.perf import expandable_segments_in_use
-        >>> try:
-        ...     result = type(expandable_segments_in_use()).__name__
-        ... except RuntimeError as err:  # no CUDA here
-        ...     result = str(err)
-        >>> result in ("bool", "expandable_segments_in_use needs CUDA: torch.cuda.is_available() is False")
+        >>> expandable_segments_in_use([{"is_expandable": True}, {"is_expandable": True}])
         True
+        >>> expandable_segments_in_use([{"is_expandable": True}, {"is_expandable": False}])
+        False
     """
-    if not torch.cuda.is_available():
-        raise RuntimeError("expandable_segments_in_use needs CUDA: torch.cuda.is_available() is False")
-    probe = torch.empty(1, device="cuda")
-    segments = torch.cuda.memory_snapshot()
-    del probe
+    if segments is None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("expandable_segments_in_use needs CUDA: torch.cuda.is_available() is False")
+        probe = torch.empty(1, device="cuda")
+        segments = torch.cuda.memory_snapshot()
+        del probe
     return bool(segments) and all(s.get("is_expandable", False) for s in segments)

@@ -3,7 +3,8 @@
 - :class:`StepProfiler` wraps ``torch.profiler.profile`` with a wait / warm-up / active
   schedule, writes a Chrome trace per active cycle, and returns the top operators.
 - :class:`StepTimer` times steps with CUDA events (GPU time, no sync per step) or
-  ``time.perf_counter`` on a CPU, drops warm-up steps and reports percentiles.
+  ``time.perf_counter`` on a CPU, drops warm-up steps and reports percentiles. It is the one
+  timer of trainopt: the benchmarks of :mod:`trainopt.perf.bench` time their windows with it.
 
 CUDA kernels run asynchronously: ``time.perf_counter()`` around a step measures how long
 Python took to *queue* the work, not how long the GPU took to do it. Events recorded on the
@@ -41,6 +42,41 @@ def percentile(values: Sequence[float], q: float) -> float:
     rank = (len(ordered) - 1) * q / 100
     low, high = math.floor(rank), math.ceil(rank)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def clock_mark(device: str | torch.device) -> Any:
+    """A point in time on ``device``: a CUDA event recorded on the current stream, else ``perf_counter()``.
+
+    The event costs no synchronisation: the GPU stamps it when it reaches it in the stream.
+    :func:`elapsed_ms` reads two marks. Every timer of trainopt (:class:`StepTimer`, the
+    benchmarks, :class:`~trainopt.perf.throughput.ThroughputMonitor`) takes its marks here.
+
+    Example:
+        >>> import time
+        >>> from trainopt.perf.profiling import clock_mark, elapsed_ms
+        >>> start = clock_mark("cpu")
+        >>> time.sleep(0.01)
+        >>> elapsed_ms(start, clock_mark("cpu")) >= 10.0
+        True
+    """
+    if torch.device(device).type == "cuda":
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
+def elapsed_ms(start: Any, end: Any) -> float:
+    """Milliseconds between two :func:`clock_mark` marks (CUDA events must have completed).
+
+    Example:
+        >>> from trainopt.perf.profiling import elapsed_ms
+        >>> elapsed_ms(1.0, 1.25)  # two perf_counter() readings, in seconds
+        250.0
+    """
+    if isinstance(start, float):
+        return (end - start) * 1e3
+    return start.elapsed_time(end)
 
 
 def summarize(times_ms: Sequence[float]) -> dict[str, float]:
@@ -88,28 +124,19 @@ class StepTimer:
         self.use_cuda_events = self.device.type == "cuda"
         self._pairs: list[tuple[Any, Any]] = []
 
-    def _mark(self) -> Any:
-        if self.use_cuda_events:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
         """Time the enclosed step."""
-        start = self._mark()
+        start = clock_mark(self.device)
         yield
-        self._pairs.append((start, self._mark()))
+        self._pairs.append((start, clock_mark(self.device)))
 
     def times_ms(self) -> list[float]:
         """Step times in milliseconds after warm-up (synchronises once on CUDA)."""
         pairs = self._pairs[self.warmup:]
-        if self.use_cuda_events:
-            if pairs:
-                pairs[-1][1].synchronize()
-            return [start.elapsed_time(end) for start, end in pairs]
-        return [(end - start) * 1e3 for start, end in pairs]
+        if self.use_cuda_events and pairs:
+            pairs[-1][1].synchronize()
+        return [elapsed_ms(start, end) for start, end in pairs]
 
     def summary(self) -> dict[str, float]:
         """:func:`summarize` of :meth:`times_ms`."""

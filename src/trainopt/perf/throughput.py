@@ -5,12 +5,9 @@ events only once they have completed (``event.query()``), so the numbers arrive 
 late but the step never waits for the GPU. Every ``log_every`` steps it writes a record to
 JSONL and, where ``tensorboard`` is installed, to TensorBoard, and runs its alerts.
 
-Model FLOPs utilisation (MFU) is the fraction of the device's peak that the model's own
-arithmetic would need at the measured speed (PaLM, appendix B):
-
-    MFU = flops_per_token × tokens_per_second / peak_flops
-
-with ``flops_per_token = 6·N + 12·L·d·T`` for a transformer (:meth:`trainopt.models.GPT.flops_per_token`).
+Model FLOPs utilisation (MFU) and the peak it divides by are defined once, in
+:mod:`trainopt.perf.bench.mfu`: the dense peak of the precision in use, looked up by GPU name;
+an unknown GPU needs ``peak_flops``, and a CPU has none (no MFU is recorded).
 """
 
 from __future__ import annotations
@@ -25,64 +22,8 @@ from typing import Any
 
 import torch
 
-from trainopt.perf.profiling import percentile
-
-# Dense (no sparsity) peak throughput in FLOP/s, from NVIDIA's data sheets.
-DEVICE_PEAK_FLOPS: dict[str, dict[str, float]] = {
-    "H100 SXM": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
-    "H100 PCIe": {"fp32": 51.2e12, "tf32": 378.0e12, "bf16": 756.5e12, "fp16": 756.5e12},
-    "H100 NVL": {"fp32": 60.0e12, "tf32": 417.5e12, "bf16": 835.5e12, "fp16": 835.5e12},
-    "H200": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
-    "A100": {"fp32": 19.5e12, "tf32": 156.0e12, "bf16": 312.0e12, "fp16": 312.0e12},
-    "L4": {"fp32": 30.3e12, "tf32": 60.0e12, "bf16": 121.0e12, "fp16": 121.0e12},
-}
-
-
-def device_key(device_name: str) -> str | None:
-    """Map a ``torch.cuda.get_device_name()`` string to a key of :data:`DEVICE_PEAK_FLOPS`.
-
-    Example:
-        >>> from trainopt.perf.throughput import device_key
-        >>> device_key("NVIDIA H100 80GB HBM3"), device_key("NVIDIA H100 PCIe"), device_key("Tesla T4")
-        ('H100 SXM', 'H100 PCIe', None)
-    """
-    name = device_name.upper()
-    if "H100" in name:
-        if "PCIE" in name:
-            return "H100 PCIe"
-        return "H100 NVL" if "NVL" in name else "H100 SXM"
-    words = name.replace("-", " ").split()
-    return next((key for key in ("H200", "A100", "L4") if key in words), None)
-    return None
-
-
-def device_peak_flops(device_name: str, precision: str) -> float | None:
-    """Dense peak FLOP/s of a device for a precision, or ``None`` if it is not in the table.
-
-    Example:
-        >>> from trainopt.perf.throughput import device_peak_flops
-        >>> device_peak_flops("NVIDIA H100 80GB HBM3", "bf16") / 1e12
-        989.4
-    """
-    key = device_key(device_name)
-    if key is None:
-        return None
-    if precision not in DEVICE_PEAK_FLOPS[key]:
-        raise ValueError(f"precision must be one of {sorted(DEVICE_PEAK_FLOPS[key])}, got {precision!r}")
-    return DEVICE_PEAK_FLOPS[key][precision]
-
-
-def mfu(flops_per_token: float, tokens_per_second: float, peak: float) -> float:
-    """Model FLOPs utilisation: achieved model FLOP/s over the device's peak.
-
-    Example:
-        >>> from trainopt.perf import mfu
-        >>> round(mfu(1e9, 2e5, 989.4e12), 4)
-        0.2021
-    """
-    if peak <= 0:
-        raise ValueError(f"peak must be positive FLOP/s, got {peak=}")
-    return flops_per_token * tokens_per_second / peak
+from trainopt.perf.bench.mfu import mfu, peak_flops_for
+from trainopt.perf.profiling import clock_mark, elapsed_ms, percentile
 
 
 @dataclass(frozen=True)
@@ -161,8 +102,9 @@ class ThroughputMonitor:
         tokens_per_step: Tokens each step processes (batch size × sequence length).
         samples_per_step: Sequences each step processes (default: not reported).
         flops_per_token: Training FLOPs per token, for MFU (default: not reported).
-        peak_flops: Device peak FLOP/s; default from :data:`DEVICE_PEAK_FLOPS` for the
-            CUDA device and ``precision``.
+        peak_flops: Device peak FLOP/s; default: the dense peak of ``precision`` for the CUDA
+            device (:func:`~trainopt.perf.bench.mfu.peak_flops_for`; a GPU missing from its
+            table raises). A CPU has no default peak: no MFU unless given.
         precision: Which peak to use: ``"fp32"``, ``"tf32"``, ``"bf16"`` or ``"fp16"``.
         device: The training device (CUDA events there; ``perf_counter`` elsewhere).
         log_every: Step intervals per record.
@@ -193,8 +135,8 @@ class ThroughputMonitor:
             raise ValueError(f"log_every must be a positive int, got {log_every=}")
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        if peak_flops is None and self.cuda:
-            peak_flops = device_peak_flops(torch.cuda.get_device_name(self.device), precision)
+        if peak_flops is None and flops_per_token is not None:
+            peak_flops, _ = peak_flops_for(self.device, precision)
         self.tokens_per_step, self.samples_per_step = tokens_per_step, samples_per_step
         self.flops_per_token, self.peak = flops_per_token, peak_flops
         self.log_every, self.alerts, self.on_alert = log_every, list(alerts), on_alert
@@ -209,12 +151,7 @@ class ThroughputMonitor:
 
     def step(self) -> None:
         """Mark the end of a step. On CUDA: one event record, no sync."""
-        if self.cuda:
-            mark: Any = torch.cuda.Event(enable_timing=True)
-            mark.record()
-        else:
-            mark = time.perf_counter()
-        self._pending.append((self.steps, mark))
+        self._pending.append((self.steps, clock_mark(self.device)))
         self.steps += 1
         self._resolve(block=False)
 
@@ -234,7 +171,7 @@ class ThroughputMonitor:
             self._pending.pop(0)
             if self._last is not None:
                 previous = self._last[0]
-                self._window.append(previous.elapsed_time(mark) if self.cuda else (mark - previous) * 1e3)
+                self._window.append(elapsed_ms(previous, mark))
             self._last = (mark, time.time())
             self._resolved_step = step
             if len(self._window) == self.log_every:

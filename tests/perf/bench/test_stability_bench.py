@@ -1,77 +1,60 @@
-"""Tests of trainopt.perf.bench.stability (CPU, tiny GPT) and of the page's shell commands."""
+"""What the stability stack costs per step (trainopt.perf.bench.stability), on a CPU with the tiny GPT."""
 
 from __future__ import annotations
 
-import importlib
-import json
-import shlex
-from pathlib import Path
+import copy
+import statistics
+from typing import Any
 
 import pytest
 
-from trainopt.perf.bench.stability import main, run, stability_bench_table
-
-ROOT = Path(__file__).resolve().parents[3]
-PAGE = ROOT / "docs" / "guides" / "training-optimization" / "training-stability.md"
+from trainopt.perf.bench.report import render
+from trainopt.perf.bench.stability import run
 
 
 @pytest.fixture(scope="module")
-def result() -> dict:
+def result() -> dict[str, Any]:
     return run(size="tiny", device="cpu", batch_size=2, seq_len=16, steps_per_window=2, windows=3,
-               warmup_steps=1)
+               warmup_steps=1, max_warmup_steps=6)
 
 
-def test_run_times_all_three_variants_in_one_run(result: dict) -> None:
-    assert set(result["ms_per_step"]) == {"bare", "stabilizer", "seed_style"}
-    assert all(len(times) == 3 and min(times) > 0 for times in result["ms_per_step_all_windows"].values())
-    assert result["ratios"]["stabilizer/bare"] == pytest.approx(
-        result["ms_per_step"]["stabilizer"] / result["ms_per_step"]["bare"])
+def test_run_times_all_three_variants_in_one_run(result: dict[str, Any]) -> None:
+    assert set(result["window_ms"]) == {"bare", "stabilizer", "seed_style"}
+    assert all(len(times) == 3 and min(times) > 0 for times in result["window_ms"].values())
+    assert all(w["steps"] >= 1 + 2 * 2 for w in result["warmup"].values())
 
 
-def test_run_checks_fifty_stabilizer_steps_for_host_syncs(result: dict) -> None:
+def test_ratios_by_hand_from_the_window_times(result: dict[str, Any]) -> None:
+    bare = statistics.median(result["window_ms"]["bare"])
+    for variant in ("stabilizer", "seed_style"):
+        by_hand = statistics.median(result["window_ms"][variant]) / bare  # an inverted ratio would fail here
+        assert result["ratios"][f"{variant}/bare"] == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_run_counts_the_host_syncs_of_fifty_stabilizer_steps(result: dict[str, Any]) -> None:
     sync = result["sync_check"]
-    assert sync["steps"] == 50 and sync["passed"] and sync["syncs"] == 0
+    assert sync["steps"] == 50 and sync["syncs"] == 0 and sync["passed"] and sync["error"] is None
 
 
-def test_run_records_hardware_software_and_date(result: dict) -> None:
-    assert result["hardware"]["device"] == "cpu" and result["software"]["torch"]
-    assert len(result["date"]) == 10 and result["config"]["model"] == "GPT tiny"
+def test_run_records_hardware_software_and_date(result: dict[str, Any]) -> None:
+    meta = result["meta"]
+    assert result["kind"] == "stability" and meta["device"] == "cpu" and meta["torch"]
+    assert result["config"]["model"] == "GPT tiny" and result["goal_ratio"] == 1.02
 
 
-def test_cli_writes_json(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    code = main(["--out", str(out), "--size", "tiny", "--device", "cpu", "--windows", "1",
-                 "--steps-per-window", "1", "--batch-size", "2", "--seq-len", "8"])
-    assert code == 0 and json.loads(out.read_text())["benchmark"] == "stability"
+def test_table_shows_the_ratio_and_its_verdict(result: dict[str, Any]) -> None:
+    changed = copy.deepcopy(result)
+    changed["ms_per_step"] = {"bare": 100.0, "stabilizer": 101.0, "seed_style": 141.0}
+    changed["ratios"] = {"stabilizer/bare": 1.01, "seed_style/bare": 1.41}
+    table = render(changed)
+    assert "| (b) TrainingStabilizer | 101.00 |" in table and "| 1.010 |" in table
+    assert "(b)/(a) = 1.010 **meets** the goal of at most 1.020" in table
+    changed["ratios"]["stabilizer/bare"] = 1.05
+    assert "**misses**" in render(changed)
 
 
-def test_table_says_not_yet_measured_without_a_gpu_result(tmp_path: Path, result: dict) -> None:
-    assert stability_bench_table(tmp_path / "missing.json").startswith("*Not yet measured on a GPU.*")
-    cpu_file = tmp_path / "cpu.json"
-    cpu_file.write_text(json.dumps(result))
-    assert "Not yet measured on a GPU" in stability_bench_table(cpu_file)
-
-
-def test_table_shows_ratios_and_hardware_of_a_gpu_result(tmp_path: Path, result: dict) -> None:
-    gpu = json.loads(json.dumps(result))
-    gpu["hardware"] = {"device": "cuda", "name": "NVIDIA H100 80GB HBM3"}
-    gpu["ms_per_step"] = {"bare": 100.0, "stabilizer": 101.0, "seed_style": 141.0}
-    gpu["ratios"] = {"stabilizer/bare": 1.01, "seed_style/bare": 1.41}
-    path = tmp_path / "gpu.json"
-    path.write_text(json.dumps(gpu))
-    table = stability_bench_table(path)
-    assert "| (b) TrainingStabilizer | 101.00 | 1.010 |" in table and "NVIDIA H100" in table
-
-
-def _page_commands() -> list[list[str]]:
-    lines = PAGE.read_text().splitlines()
-    return [shlex.split(line[2:]) for line in lines if line.startswith("$ python -m trainopt.")]
-
-
-def test_every_command_on_the_page_parses() -> None:
-    commands = _page_commands()
-    assert len(commands) == 2
-    for argv in commands:
-        module = importlib.import_module(argv[2])
-        args = module.build_parser().parse_args(argv[3:])
-        assert str(args.out).startswith("docs/_data/")
+def test_bad_arguments_raise_before_running() -> None:
+    with pytest.raises(ValueError, match="dtype must be"):
+        run(size="tiny", device="cpu", dtype="fp16")
+    with pytest.raises(ValueError, match="windows must be a positive int"):
+        run(size="tiny", device="cpu", windows=0)

@@ -1,9 +1,12 @@
-"""Benchmarks: one harness, one results schema, one command line (the Benchmarking page).
+"""Benchmarks: one timer, one MFU definition, one results schema and renderer, one command line.
 
-``python -m trainopt.perf.bench {matrix,recipe,stability,experiments,all}`` runs them.
+``python -m trainopt.perf.bench {matrix,recipe,stability,experiments,all}`` runs them
+(:mod:`trainopt.perf.bench.cli`); the Benchmarking page explains them.
 """
 
 from trainopt.perf.bench.configs import BenchConfig, build_matrix
 from trainopt.perf.bench.harness import measure, recipe_pair, run_matrix
+from trainopt.perf.bench.report import render
+from trainopt.perf.bench.results import read_results
 
-__all__ = ["BenchConfig", "build_matrix", "measure", "recipe_pair", "run_matrix"]
+__all__ = ["BenchConfig", "build_matrix", "measure", "read_results", "recipe_pair", "render", "run_matrix"]

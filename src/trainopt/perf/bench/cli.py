@@ -1,13 +1,18 @@
-"""Command line of the benchmarks: ``python -m trainopt.perf.bench {matrix,recipe,stability,all}``.
+"""``python -m trainopt.perf.bench {matrix,recipe,stability,experiments,all}``: every benchmark.
 
 - ``matrix``: vary one field at a time around a base configuration (the first value given for
-  each field), or every combination with ``--grid``; write JSON and print a Markdown table.
-- ``recipe``: the plain PyTorch loop against the project's recipe, in one run; prints the
-  speed-up.
-- ``stability``: the cost of the stability stack (``trainopt.perf.bench.stability``).
-- ``all --preset h100``: the targeted GPU suite of the benchmarking page (recipe comparison at
-  124M, the 350M model at several batch sizes and compile modes, the stability benchmark),
-  stopping gracefully at ``--time-budget`` with what it has measured.
+  each field), or every combination with ``--grid``.
+- ``recipe``: the plain PyTorch loop against the project's recipe, in one run.
+- ``stability``: what the stability stack costs per step, and its host syncs.
+- ``experiments``: precision, memory, checkpointing, phases and operators of one model (the
+  precision, memory, profiling and monitoring pages).
+- ``all --preset {cpu,h100} --out-dir DIR``: the suite of the benchmarking page
+  (``bench_<preset>.json``), the stability benchmark (``bench_stability_<preset>.json``) and the
+  experiments (``perf_<preset>.json``: the 124M model on a GPU, the small one at 16 × 64 tokens
+  on a CPU), within ``--time-budget``.
+
+Each writes one results file (:mod:`trainopt.perf.bench.results`) and prints its tables
+(:mod:`trainopt.perf.bench.report`). A mistake in an argument prints one line and exits 2.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from typing import Any
 
 import torch
 
+from trainopt.config.cli import ArgumentParser, UsageError, positive_int
 from trainopt.models import GPT_PRESETS
+from trainopt.perf.bench import experiments, stability
 from trainopt.perf.bench.configs import (
     ATTENTION_BACKENDS,
     COMPILE_BACKENDS,
@@ -33,19 +40,156 @@ from trainopt.perf.bench.configs import (
     build_matrix,
 )
 from trainopt.perf.bench.harness import recipe_pair, run_matrix, speedup
-from trainopt.perf.bench.report import (
-    goals_summary,
-    profile_table,
-    recipe_summary,
-    results_table,
-    stability_summary,
-)
+from trainopt.perf.bench.mfu import parse_peak_tflops, peak_flops_for
+from trainopt.perf.bench.report import render
 from trainopt.perf.bench.results import write_results
-from trainopt.perf.precision import PRECISIONS
+from trainopt.perf.precision import PRECISIONS, supported_precisions
 
-STABILITY_GOAL_RATIO = 1.02  # the stability stack may cost at most 2% of step time
-ALL_TIME_BUDGET_S = 480.0  # `all` fits in one 9-minute GPU call, compilation included
+ALL_TIME_BUDGET_S = 480.0  # `all --preset h100` fits in one 10-minute GPU call, compilation included
 DEFAULT_BATCH = {"tiny": 8, "small": 8, "124m": 16, "350m": 16}
+SIZES = sorted(GPT_PRESETS)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse ``type``: an int of at least 0.
+
+    Example:
+        >>> from trainopt.perf.bench.cli import non_negative_int
+        >>> non_negative_int("0"), non_negative_int("12")
+        (0, 12)
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0 or str(value) != text.strip().lstrip("+"):
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type``: a number above 0.
+
+    Example:
+        >>> from trainopt.perf.bench.cli import positive_float
+        >>> positive_float("2.5")
+        2.5
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def peak_tflops(text: str) -> dict[str, float]:
+    """The argparse ``type`` of ``--peak-tflops`` (:func:`~trainopt.perf.bench.mfu.parse_peak_tflops`).
+
+    Example:
+        >>> from trainopt.perf.bench.cli import peak_tflops
+        >>> peak_tflops("bf16=835.5")
+        {'bf16': 835.5}
+    """
+    try:
+        return parse_peak_tflops(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def check_peaks(device: str | torch.device, precisions: Sequence[str], peak: dict[str, float] | None,
+                device_name: str | None = None) -> None:
+    """Fail before anything runs if a GPU has no peak for one of ``precisions`` (and none is given).
+
+    Example:
+        >>> from trainopt.perf.bench.cli import check_peaks
+        >>> check_peaks("cuda", ["bf16"], {"*": 400.0}, device_name="NVIDIA H20")  # given: fine
+        >>> try:
+        ...     check_peaks("cuda", ["fp32", "bf16"], None, device_name="NVIDIA H20")
+        ... except Exception as error:
+        ...     print(error)
+        --peak-tflops: GPU 'NVIDIA H20' is not in the peak table (H100 SXM, H100 PCIe, H100 NVL, H200, H200 NVL, A100, A10, L4, L40S); give its dense fp32 TFLOP/s
+    """
+    for precision in dict.fromkeys(precisions):
+        try:
+            peak_flops_for(device, precision, peak, device_name=device_name)
+        except ValueError as exc:
+            raise UsageError("--peak-tflops", str(exc)) from exc
+
+
+def build_parser() -> ArgumentParser:
+    """The argument parser of ``python -m trainopt.perf.bench``.
+
+    Example:
+        >>> from trainopt.perf.bench.cli import build_parser
+        >>> build_parser().parse_args(["matrix", "--precision", "fp32", "bf16", "--out", "m.json"]).precision
+        ['fp32', 'bf16']
+    """
+    parser = ArgumentParser(prog="python -m trainopt.perf.bench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
+
+    def common(p: argparse.ArgumentParser, out: bool = True) -> None:
+        p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if available")
+        p.add_argument("--warmup", type=non_negative_int, default=3, help="warm-up steps at least (compilation)")
+        p.add_argument("--max-warmup", type=positive_int, default=100,
+                       help="warm-up steps at most, if the step time never settles within 10%%")
+        p.add_argument("--steps", type=positive_int, default=10, help="steps per timed window")
+        p.add_argument("--windows", type=positive_int, default=5, help="timed windows (median and spread)")
+        p.add_argument("--peak-tflops", type=peak_tflops, default=None,
+                       help="dense peak for MFU: 400, or bf16=835.5,fp32=60 (needed for a GPU not in the table)")
+        p.add_argument("--note", default=None, help="recorded with the results, e.g. 'a shared 2-core VM'")
+        p.add_argument("--no-progress", action="store_true", help="no progress bar")
+        if out:
+            p.add_argument("--out", type=Path, required=True, help="results JSON file to write")
+
+    def model(p: argparse.ArgumentParser, size: str | None = "tiny") -> None:
+        p.add_argument("--size", choices=SIZES, default=size)
+        p.add_argument("--batch-size", type=positive_int, default=None)
+        p.add_argument("--seq-len", type=non_negative_int, default=0, help="0: the preset's block size")
+
+    def timing(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--compile-backend", choices=COMPILE_BACKENDS, default="inductor")
+        p.add_argument("--profile-steps", type=non_negative_int, default=0, help="profile steps per configuration")
+        p.add_argument("--time-budget", type=positive_float, default=None, help="seconds; stop starting configurations")
+
+    m = sub.add_parser("matrix", help="vary one field at a time around a base configuration")
+    for add in (common, model, timing):
+        add(m)
+    m.add_argument("--precision", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    m.add_argument("--checkpointing", nargs="+", choices=["off", "on"], default=["off", "on"])
+    m.add_argument("--compile", nargs="+", choices=COMPILE_MODES, default=["none", "default"])
+    m.add_argument("--optimizer", nargs="+", choices=OPTIMIZERS, default=list(OPTIMIZERS))
+    m.add_argument("--attention", nargs="+", choices=ATTENTION_BACKENDS, default=["auto"])
+    m.add_argument("--grid", action="store_true", help="every combination instead of one field at a time")
+
+    r = sub.add_parser("recipe", help="the plain PyTorch loop against the project's recipe")
+    for add in (common, model, timing):
+        add(r)
+    r.add_argument("--compile", choices=COMPILE_MODES[1:], default="default", help="the recipe's compile mode")
+
+    s = sub.add_parser("stability", help="the stability stack's cost per step and its host syncs")
+    common(s)
+    model(s, size=None)
+    s.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    s.add_argument("--compile", action="store_true", help="compile the model")
+    s.add_argument("--compile-backend", choices=COMPILE_BACKENDS, default="inductor")
+    s.add_argument("--check-every", type=positive_int, default=100, help="the stabilizer's boundary interval")
+
+    e = sub.add_parser("experiments", help="precision, memory, checkpointing and profile of one model")
+    common(e)
+    model(e, size="124m")
+    e.add_argument("--snapshot", type=Path, default=None, help="also write a CUDA memory snapshot (CUDA only)")
+
+    a = sub.add_parser("all", help="every results file of the pages, for one preset")
+    common(a, out=False)
+    timing(a)
+    a.add_argument("--preset", choices=["cpu", "h100"], required=True)
+    a.add_argument("--out-dir", type=Path, required=True, help="folder of the results files")
+    a.add_argument("--size", choices=SIZES, default=None, help="replace every model size (a quick try)")
+    a.add_argument("--batch-size", type=positive_int, default=None, help="replace every batch size")
+    a.set_defaults(time_budget=ALL_TIME_BUDGET_S, profile_steps=2)
+    return parser
 
 
 def suite(preset: str, device: str, size: str | None = None,
@@ -53,23 +197,21 @@ def suite(preset: str, device: str, size: str | None = None,
     """The configurations of ``all --preset``: those before and after the stability benchmark.
 
     ``h100`` compares the plain loop and the recipe on the 124M model at 16 × 1024, then runs
-    the recipe on the 350M model at batch 32; after the stability benchmark, while time is left,
-    it tries ``max-autotune-no-cudagraphs`` at batch 32, batch 16, and cuDNN attention at batch
-    32. ``cpu`` is the same comparison on the tiny model. ``size`` and ``batch_size`` replace
-    every model size and batch size (to try the GPU suite at ``tiny`` size on a CPU);
-    configurations that become identical run once.
+    the recipe on the 350M model at batch 32; while time is left at the end, it tries
+    ``max-autotune-no-cudagraphs`` at batch 32, batch 16, and cuDNN attention at batch 32.
+    ``cpu`` compares the plain loop with bf16, activation checkpointing and the recipe on the
+    tiny model. ``size`` and ``batch_size`` replace every size and batch size.
 
     Example:
         >>> from trainopt.perf.bench.cli import suite
         >>> first, later = suite("h100", "cuda")
-        >>> [c.name for c in first][:2]
-        ['124m plain PyTorch loop', '124m trainopt recipe']
+        >>> [c.name for c in first][:2], len(later)
+        (['124m plain PyTorch loop', '124m trainopt recipe'], 3)
     """
-    if preset not in ("h100", "cpu"):
-        raise ValueError(f"preset must be one of ['cpu', 'h100'], got preset={preset!r}")
     cuda = torch.device(device).type == "cuda"
     if preset == "cpu":
-        first = list(recipe_pair("tiny", device, batch_size=8))
+        plain, recipe = recipe_pair("tiny", device, batch_size=8)
+        first = [plain, replace(plain, precision="bf16", label=""), replace(plain, checkpointing=True, label=""), recipe]
         later: list[BenchConfig] = []
     else:
         plain, recipe = recipe_pair("124m", device, batch_size=16, seq_len=1024)
@@ -86,158 +228,118 @@ def suite(preset: str, device: str, size: str | None = None,
     return first, [c for c in dict.fromkeys(later) if c not in first]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``python -m trainopt.perf.bench``.
-
-    Example:
-        >>> from trainopt.perf.bench.cli import build_parser
-        >>> build_parser().parse_args(["matrix", "--precision", "fp32", "bf16"]).precision
-        ['fp32', 'bf16']
-    """
-    parser = argparse.ArgumentParser(prog="python -m trainopt.perf.bench", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-        p.add_argument("--warmup", type=int, default=3, help="warm-up steps (compilation happens here)")
-        p.add_argument("--steps", type=int, default=10, help="steps per timed window")
-        p.add_argument("--windows", type=int, default=5, help="timed windows (median and spread over them)")
-        p.add_argument("--peak-tflops", type=float, default=None, help="MFU reference (default: by GPU name)")
-        p.add_argument("--time-budget", type=float, default=None, help="seconds; stop starting new configurations")
-        p.add_argument("--out", type=Path, default=None, help="results JSON path")
-        p.add_argument("--no-progress", action="store_true", help="no progress bar")
-        p.add_argument("--compile-backend", choices=COMPILE_BACKENDS, default="inductor")
-        p.add_argument("--profile-steps", type=int, default=0, help="profile this many steps per configuration")
-
-    m = sub.add_parser("matrix", help="vary one field at a time around a base configuration")
-    common(m)
-    m.add_argument("--size", choices=sorted(GPT_PRESETS), default="tiny")
-    m.add_argument("--precision", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
-    m.add_argument("--checkpointing", nargs="+", choices=["off", "on"], default=["off", "on"])
-    m.add_argument("--compile", nargs="+", choices=COMPILE_MODES, default=["none", "default"])
-    m.add_argument("--optimizer", nargs="+", choices=OPTIMIZERS, default=list(OPTIMIZERS))
-    m.add_argument("--attention", nargs="+", choices=ATTENTION_BACKENDS, default=["auto"])
-    m.add_argument("--batch-size", nargs="+", type=int, default=None)
-    m.add_argument("--seq-len", nargs="+", type=int, default=[0], help="0: the preset's block size")
-    m.add_argument("--grid", action="store_true", help="every combination instead of one field at a time")
-
-    r = sub.add_parser("recipe", help="the plain PyTorch loop against the project's recipe")
-    common(r)
-    r.add_argument("--size", choices=sorted(GPT_PRESETS), default="tiny")
-    r.add_argument("--batch-size", type=int, default=None)
-    r.add_argument("--seq-len", type=int, default=0)
-    r.add_argument("--compile", choices=COMPILE_MODES[1:], default="default", help="the recipe's compile mode")
-
-    a = sub.add_parser("all", help="the suite of the benchmarking page")
-    common(a)
-    a.add_argument("--preset", choices=["h100", "cpu"], default="h100")
-    a.add_argument("--size", choices=sorted(GPT_PRESETS), default=None, help="replace every model size")
-    a.add_argument("--batch-size", type=int, default=None, help="replace every batch size")
-    a.add_argument("--no-stability", action="store_true", help="leave out the stability benchmark")
-    a.set_defaults(time_budget=ALL_TIME_BUDGET_S, profile_steps=2)
-
-    sub.add_parser("stability", help="the stability stack's overhead (arguments go to trainopt.perf.bench.stability)",
-                   add_help=False)
-    return parser
+def _checked(build: Any, *args: Any, **kwargs: Any) -> Any:
+    """``build(*args, **kwargs)``; a configuration's ValueError (``seq_len must ...``) becomes a
+    mistake in the matching argument (``--seq-len``)."""
+    try:
+        return build(*args, **kwargs)
+    except ValueError as exc:
+        name, _, rest = str(exc).partition(" must ")
+        field = f"--{name.replace('_', '-')}" if rest and name.isidentifier() else "arguments"
+        raise UsageError(field, f"must {rest}" if rest else str(exc)) from exc
 
 
-def _device(name: str | None) -> str:
-    return name or ("cuda" if torch.cuda.is_available() else "cpu")
+def _check_shape(size: str, seq_len: int) -> None:
+    _checked(BenchConfig, size=size, seq_len=seq_len)
 
 
-def _run(args: argparse.Namespace, configs: list[BenchConfig], **kwargs: Any) -> dict[str, Any]:
-    kwargs.setdefault("profile_steps", args.profile_steps)
-    if args.compile_backend != "inductor":
-        configs = [replace(c, compile_backend=args.compile_backend) for c in configs]
-    return run_matrix(configs, _device(args.device), warmup_steps=args.warmup, steps=args.steps,
+def _run(args: argparse.Namespace, configs: list[BenchConfig], command: str, **kwargs: Any) -> dict[str, Any]:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_peaks(device, [c.precision for c in configs], args.peak_tflops)
+    configs = [replace(c, compile_backend=args.compile_backend) for c in configs]
+    return run_matrix(configs, device, warmup_steps=args.warmup, max_warmup_steps=args.max_warmup, steps=args.steps,
                       windows=args.windows, peak_tflops=args.peak_tflops, time_budget_s=args.time_budget,
-                      out=args.out, progress=not args.no_progress, **kwargs)
+                      progress=not args.no_progress, profile_steps=args.profile_steps, command=command,
+                      note=args.note, **kwargs)
 
 
-def _matrix(args: argparse.Namespace) -> dict[str, Any]:
-    batch = args.batch_size or [DEFAULT_BATCH[args.size]]
+def _matrix(args: argparse.Namespace, command: str) -> dict[str, Any]:
     axes = {"precision": args.precision, "checkpointing": [v == "on" for v in args.checkpointing],
-            "compile": args.compile, "optimizer": args.optimizer, "attention": args.attention,
-            "batch_size": batch, "seq_len": args.seq_len}
-    base = BenchConfig(size=args.size, **{k: v[0] for k, v in axes.items()})
-    return _run(args, build_matrix(base, {k: v[1:] if not args.grid else v for k, v in axes.items()},
-                                   grid=args.grid))
+            "compile": args.compile, "optimizer": args.optimizer, "attention": args.attention}
+    base = _checked(BenchConfig, size=args.size, batch_size=args.batch_size or DEFAULT_BATCH[args.size],
+                    seq_len=args.seq_len, **{k: v[0] for k, v in axes.items()})
+    configs = build_matrix(base, {k: v if args.grid else v[1:] for k, v in axes.items()}, grid=args.grid)
+    return _run(args, configs, command, out=args.out)
 
 
-def _recipe(args: argparse.Namespace) -> dict[str, Any]:
-    plain, recipe = recipe_pair(args.size, _device(args.device), args.batch_size or DEFAULT_BATCH[args.size],
-                                args.seq_len, args.compile)
-    results = _run(args, [plain, recipe])
+def _recipe(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    plain, recipe = _checked(recipe_pair, args.size, device, args.batch_size or DEFAULT_BATCH[args.size],
+                             args.seq_len, args.compile)
+    results = _run(args, [plain, recipe], command, out=args.out)
     results["recipe"] = speedup(results, plain.name, recipe.name)
     return results
 
 
-def run_stability(size: str, device: str, windows: int, steps: int, warmup_steps: int) -> dict[str, Any]:
-    """The stability benchmark (:func:`trainopt.perf.bench.stability.run`) with the goal beside it.
-
-    Example:
-        >>> from trainopt.perf.bench.cli import run_stability
-        >>> result = run_stability("tiny", "cpu", windows=2, steps=1, warmup_steps=1)
-        >>> result["status"], sorted(result["ratios"]), result["goal_ratio"]
-        ('ok', ['seed_style/bare', 'stabilizer/bare'], 1.02)
-    """
-    from trainopt.perf.bench import stability as stability_bench
-
-    result = stability_bench.run(size=size, device=device, windows=windows, steps_per_window=steps,
-                                 warmup_steps=warmup_steps)
-    return {**result, "status": "ok", "goal_ratio": STABILITY_GOAL_RATIO}
+def _stability(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    _check_shape(args.size or ("124m" if device == "cuda" else "tiny"), args.seq_len)
+    return stability.run(size=args.size, device=args.device, batch_size=args.batch_size, seq_len=args.seq_len or None,
+                         steps_per_window=args.steps, windows=args.windows, warmup_steps=args.warmup,
+                         max_warmup_steps=args.max_warmup, check_every=args.check_every, compile=args.compile,
+                         compile_backend=args.compile_backend, dtype=args.dtype, command=command, note=args.note)
 
 
-def _all(args: argparse.Namespace) -> dict[str, Any]:
-    device = _device(args.device)
+def _experiments(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_peaks(device, supported_precisions(device), args.peak_tflops)
+    _check_shape(args.size, args.seq_len)
+    if args.snapshot is not None and device != "cuda":
+        raise UsageError("--snapshot", f"records CUDA allocations; the device here is {device!r}")
+    return experiments.run(args.size, device, args.batch_size, args.seq_len or None, args.steps, args.warmup,
+                           args.max_warmup, args.snapshot, command=command, note=args.note)
+
+
+def _all(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_peaks(device, supported_precisions(device), args.peak_tflops)
     started = time.perf_counter()
-    first, later = suite(args.preset, device, args.size, args.batch_size)
-    results = _run(args, first, started=started)
-    results["meta"]["preset"] = args.preset
-    results["recipe"] = speedup(results, first[0].name, first[1].name)
-    if not args.no_stability:
-        elapsed = time.perf_counter() - started
-        if args.time_budget is not None and elapsed > args.time_budget:
-            results["stability"] = {"status": "skipped", "error": f"time budget of {args.time_budget:g} s reached"}
-        else:
-            size = args.size or ("124m" if args.preset == "h100" else "tiny")
-            try:
-                results["stability"] = run_stability(size, device, max(args.windows, 2) * 2, args.steps,
-                                                     args.warmup)
-            except Exception as exc:  # noqa: BLE001 - keep the matrix results whatever happens here
-                results["stability"] = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
-    if args.out is not None:
-        write_results(results, args.out)
-    return _run(args, later, results=results, started=started)
+    first, later = _checked(suite, args.preset, device, args.size, args.batch_size)
+    out = args.out_dir / f"bench_{args.preset}.json"
+    results = _run(args, first, command, out=out, started=started)
+    recipe = next(c.name for c in first if c.label.endswith("trainopt recipe"))
+    results["recipe"] = speedup(results, first[0].name, recipe)
+    write_results(results, out)
+    gpu = args.preset == "h100"
+    small = args.size or ("124m" if gpu else "tiny")
+    jobs = {"bench_stability": lambda: stability.run(
+                size=small, device=device, batch_size=args.batch_size, steps_per_window=args.steps,
+                windows=max(args.windows, 2) * 2, warmup_steps=args.warmup, max_warmup_steps=args.max_warmup,
+                compile=gpu, compile_backend=args.compile_backend, command=command, note=args.note),
+            "perf": lambda: experiments.run(
+                args.size or ("124m" if gpu else "small"), device, args.batch_size or (None if gpu else 16),
+                None if gpu or args.size else 64, args.steps, args.warmup, args.max_warmup, command=command,
+                note=args.note)}
+    for name, job in jobs.items():
+        if time.perf_counter() - started > args.time_budget:
+            print(f"{name}_{args.preset}.json: skipped, time budget of {args.time_budget:g} s reached", file=sys.stderr)
+            continue
+        write_results(job(), args.out_dir / f"{name}_{args.preset}.json")
+    return _run(args, later, command, out=out, results=results, started=started)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the process exit code.
+    """Run one subcommand, write its results file, print its tables; returns the exit status.
 
     Example:
+        >>> import contextlib, io, json, tempfile
+        >>> from pathlib import Path
         >>> from trainopt.perf.bench.cli import main
-        >>> import contextlib, io
+        >>> out = Path(tempfile.mkdtemp()) / "recipe.json"
         >>> with contextlib.redirect_stdout(io.StringIO()) as printed:
         ...     code = main(["recipe", "--size", "tiny", "--batch-size", "2", "--seq-len", "8",
-        ...                  "--compile-backend", "eager", "--warmup", "1", "--steps", "1",
-        ...                  "--windows", "1", "--no-progress"])
-        >>> code, "Speed-up" in printed.getvalue()
-        (0, True)
+        ...                  "--compile-backend", "eager", "--warmup", "1", "--max-warmup", "2", "--steps", "1",
+        ...                  "--windows", "1", "--no-progress", "--out", str(out)])
+        >>> code, "Speed-up" in printed.getvalue(), json.loads(out.read_text())["kind"]
+        (0, True, 'bench')
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["stability"]:
-        from trainopt.perf.bench import stability as stability_bench
-
-        return stability_bench.main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
-    try:
-        results = {"matrix": _matrix, "recipe": _recipe, "all": _all}[args.command](args)
-    except ValueError as exc:
-        build_parser().error(str(exc))
-    results["meta"]["command"] = shlex.join(["python", "-m", "trainopt.perf.bench", *argv])
-    if args.out is not None:
+    command = shlex.join(["python", "-m", "trainopt.perf.bench", *argv])
+    run = {"matrix": _matrix, "recipe": _recipe, "stability": _stability, "experiments": _experiments,
+           "all": _all}[args.command]
+    results = run(args, command)
+    if args.command != "all":
         write_results(results, args.out)
-    print(results_table(results))
-    for render in (recipe_summary, goals_summary, profile_table, stability_summary):
-        print(render(results))
+    print(render(results))
     return 0

@@ -98,7 +98,7 @@ class BenchConfig:
         parts = [self.size, self.precision]
         if self.compile != "none":
             parts.append(f"compile={self.compile}")
-        if self.compile_backend != "inductor":
+        if self.compile != "none" and self.compile_backend != "inductor":
             parts.append(f"backend={self.compile_backend}")
         if self.checkpointing:
             parts.append("ckpt")

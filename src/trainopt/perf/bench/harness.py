@@ -4,17 +4,20 @@ One :class:`BenchConfig` names a configuration (model size, precision, ``torch.c
 activation checkpointing, AdamW implementation, attention backend, batch and sequence shape).
 :func:`measure` times it correctly:
 
-- build the model and optimizer, run ``warmup_steps`` steps (this is where ``torch.compile``
-  compiles; their time is reported apart as ``warmup_s`` and never mixed into the step time);
+- build the model and optimizer and warm up until the step time is stable
+  (:func:`~trainopt.perf.bench.timer.warm_up`: ``torch.compile`` compiles here; the warm-up is
+  reported apart, with the steps it took, and never mixed into the step time);
 - time ``windows`` windows of ``steps`` steps each; on a GPU a window is timed with two CUDA
   events and the host waits for the GPU only once, after the last window;
 - report the median step time over the windows with its spread (quartiles, min, max), the
-  tokens/s and MFU derived from that median, and the peak memory of the steady state.
+  tokens/s and MFU derived from that median, and the peak memory of the steady state
+  (``max_memory_allocated`` on CUDA; on a CPU, one more eager step under
+  :class:`~trainopt.perf.peak.LiveStorageTracker`).
 
 :func:`build_matrix` varies one field at a time around a base configuration (or every
 combination with ``grid=True``); :func:`run_matrix` runs a list of configurations with a
 progress bar and a time budget, and writes JSON after each one, so an interrupted run keeps
-what it measured. :mod:`trainopt.perf.bench.report` turns the JSON into tables and charts.
+what it measured. :mod:`trainopt.perf.bench.report` turns the JSON into tables.
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ from torch import nn
 from trainopt.models import GPT, Block, gpt_config, synthetic_batch
 from trainopt.perf.bench.breakdown import profile_breakdown
 from trainopt.perf.bench.configs import BenchConfig
-from trainopt.perf.bench.mfu import peak_flops_for
-from trainopt.perf.bench.results import environment, write_results
-from trainopt.perf.bench.timer import spread, time_windows
+from trainopt.perf.bench.mfu import MFU_GOAL, MFU_GOAL_SIZE, mfu, peak_flops_for
+from trainopt.perf.bench.results import Results, new_results, write_results
+from trainopt.perf.bench.timer import spread, time_windows, warm_up
 from trainopt.perf.memory import apply_activation_checkpointing
+from trainopt.perf.peak import measure_peak_memory
 from trainopt.perf.precision import Precision, PrecisionNotSupportedError
 
 
@@ -137,7 +141,8 @@ def _release_memory(device: torch.device) -> None:
 
 
 def check_step_counts(**counts: int) -> None:
-    """Raise ``ValueError`` unless ``steps`` and ``windows`` are positive ints and the others non-negative.
+    """Raise ``ValueError`` unless ``steps``, ``windows`` and ``max_warmup_steps`` are positive ints
+    and the other counts non-negative.
 
     Example:
         >>> from trainopt.perf.bench.harness import check_step_counts
@@ -149,34 +154,38 @@ def check_step_counts(**counts: int) -> None:
         windows must be a positive int, got windows=0
     """
     for name, value in counts.items():
-        low = 1 if name in ("steps", "windows") else 0
+        low = 1 if name in ("steps", "windows", "max_warmup_steps") else 0
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             kind = "positive" if low else "non-negative"
             raise ValueError(f"{name} must be a {kind} int, got {name}={value!r}")
 
 
 def measure(config: BenchConfig, device: str | torch.device = "cpu", *, warmup_steps: int = 3,
-            steps: int = 10, windows: int = 5, peak_flops: float | None = None, seed: int = 0,
+            max_warmup_steps: int = 100, steps: int = 10, windows: int = 5,
+            peak_tflops: dict[str, float] | float | None = None, seed: int = 0,
             profile_steps: int = 0) -> dict[str, Any]:
     """Benchmark one configuration; return a JSON-ready record.
 
     Returns:
         ``status`` (``"ok"``, ``"unsupported"``, ``"oom"``), ``name``, ``config``, and for
-        ``"ok"``: ``step_time_s`` (:func:`spread` over windows), ``tokens_per_s`` (tokens per
-        step ÷ median step time), ``mfu`` (tokens/s × FLOPs per token ÷ ``peak_flops``, or
-        ``None``), ``peak_memory_bytes`` (CUDA only), ``warmup_s``, ``flops_per_token``, and
-        with ``profile_steps > 0`` a ``profile`` (:func:`profile_breakdown`, after the timing).
+        ``"ok"``: ``warmup`` (:func:`~trainopt.perf.bench.timer.warm_up`: steps, stable,
+        seconds), ``window_step_times_s`` and their :func:`spread` ``step_time_s``,
+        ``tokens_per_s`` (tokens per step ÷ median step time), ``mfu`` (tokens/s × FLOPs per
+        token ÷ the peak of ``config.precision``, :mod:`~trainopt.perf.bench.mfu`; ``None``
+        without a peak), ``peak_memory_bytes`` and how it was measured, and with
+        ``profile_steps > 0`` a ``profile`` (:func:`profile_breakdown`, after the timing).
 
     Example:
         >>> from trainopt.perf.bench import measure
         >>> from trainopt.perf.bench.configs import BenchConfig
         >>> record = measure(BenchConfig(batch_size=2, seq_len=16), steps=2, windows=2, warmup_steps=1)
-        >>> record["status"], record["tokens_per_step"]
-        ('ok', 32)
-        >>> record["tokens_per_s"] == 32 / record["step_time_s"]["median"]
+        >>> record["status"], record["tokens_per_step"], record["mfu"]  # a CPU has no peak
+        ('ok', 32, None)
+        >>> record["warmup"]["steps"] >= 1 + 2 * 2  # at least two timed warm-up windows
         True
     """
-    check_step_counts(warmup_steps=warmup_steps, steps=steps, windows=windows, profile_steps=profile_steps)
+    check_step_counts(warmup_steps=warmup_steps, max_warmup_steps=max_warmup_steps, steps=steps,
+                      windows=windows, profile_steps=profile_steps)
     device = torch.device(device)
     record: dict[str, Any] = {"name": config.name, "config": asdict(config),
                               "tokens_per_step": config.tokens_per_step}
@@ -184,6 +193,7 @@ def measure(config: BenchConfig, device: str | torch.device = "cpu", *, warmup_s
         precision = Precision.from_name(config.precision, device)
     except PrecisionNotSupportedError as exc:
         return {**record, "status": "unsupported", "error": str(exc)}
+    peak, peak_source = peak_flops_for(device, config.precision, peak_tflops)
     torch.manual_seed(seed)
     try:
         with precision.matmul_settings(), attention_context(config.attention):
@@ -192,15 +202,17 @@ def measure(config: BenchConfig, device: str | torch.device = "cpu", *, warmup_s
             optimizer = build_optimizer(config, model)
             inputs, targets = synthetic_batch(gpt.config, config.batch_size, config.sequence_length, device)
             step = make_train_step(model, optimizer, precision, inputs, targets.contiguous())
-            begin = time.perf_counter()
-            for _ in range(warmup_steps):
-                step()
+            warmup = warm_up(step, device, min_steps=warmup_steps, window=steps, max_steps=max_warmup_steps)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
                 torch.cuda.reset_peak_memory_stats(device)
-            warmup_s = time.perf_counter() - begin
             per_step = time_windows(step, device, steps, windows)
-            peak_memory = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+            if device.type == "cuda":
+                memory = torch.cuda.max_memory_allocated(device), "torch.cuda.max_memory_allocated"
+            elif config.compile == "none":
+                memory = measure_peak_memory(step, gpt, optimizer, [inputs, targets], device), "live storages"
+            else:  # compiled kernels allocate outside the dispatcher: nothing to count them with
+                memory = None, "not measured: compiled on a CPU"
             flops_per_token = gpt.flops_per_token(config.sequence_length)
             parameters = gpt.num_parameters(non_embedding=True)
             breakdown = profile_breakdown(step, device, profile_steps) if profile_steps else None
@@ -212,11 +224,12 @@ def measure(config: BenchConfig, device: str | torch.device = "cpu", *, warmup_s
     step_time = spread(per_step)
     tokens_per_s = config.tokens_per_step / step_time["median"]
     return {
-        **record, "status": "ok", "parameters": parameters,
-        "flops_per_token": flops_per_token, "warmup_s": warmup_s, "window_step_times_s": per_step,
-        "step_time_s": step_time, "tokens_per_s": tokens_per_s,
-        "mfu": tokens_per_s * flops_per_token / peak_flops if peak_flops else None,
-        "peak_memory_bytes": peak_memory, **({"profile": breakdown} if breakdown else {}),
+        **record, "status": "ok", "parameters": parameters, "flops_per_token": flops_per_token,
+        "warmup": warmup, "window_step_times_s": per_step, "step_time_s": step_time,
+        "tokens_per_s": tokens_per_s, "peak_flops": peak, "peak_source": peak_source,
+        "mfu": mfu(flops_per_token, tokens_per_s, peak) if peak else None,
+        "peak_memory_bytes": memory[0], "memory_method": memory[1],
+        **({"profile": breakdown} if breakdown else {}),
     }
 
 
@@ -233,7 +246,7 @@ def recipe_pair(size: str = "tiny", device: str | torch.device = "cpu", batch_si
         >>> plain.precision, recipe.precision, recipe.optimizer
         ('fp32', 'bf16', 'fused')
     """
-    shape = dict(size=size, batch_size=batch_size, seq_len=seq_len)
+    shape = {"size": size, "batch_size": batch_size, "seq_len": seq_len}
     plain = BenchConfig(**shape, precision="fp32", compile="none", optimizer="foreach",
                         label=f"{size} plain PyTorch loop")
     attention = "flash" if torch.device(device).type == "cuda" else "auto"
@@ -291,17 +304,19 @@ def _progress(total: int, enabled: bool) -> Iterator[Callable[[str], None]]:
 
 
 def run_matrix(configs: Sequence[BenchConfig], device: str | torch.device | None = None, *,
-               warmup_steps: int = 3, steps: int = 10, windows: int = 5, peak_tflops: float | None = None,
-               time_budget_s: float | None = None, out: str | os.PathLike | None = None,
-               progress: bool = True, results: dict[str, Any] | None = None,
-               started: float | None = None, profile_steps: int = 0) -> dict[str, Any]:
+               warmup_steps: int = 3, max_warmup_steps: int = 100, steps: int = 10, windows: int = 5,
+               peak_tflops: dict[str, float] | float | None = None, time_budget_s: float | None = None,
+               out: str | os.PathLike | None = None, progress: bool = True, results: Results | None = None,
+               started: float | None = None, profile_steps: int = 0, command: str | None = None,
+               note: str | None = None) -> Results:
     """Measure ``configs`` one after the other; return (and write to ``out``) the results.
 
     Args:
         configs: What to run, in order.
         device: Where; default ``"cuda"`` if available, else ``"cpu"``.
-        warmup_steps, steps, windows: See :func:`measure`.
-        peak_tflops: Override the peak of :func:`peak_flops_for`.
+        warmup_steps, max_warmup_steps, steps, windows: See :func:`measure`.
+        peak_tflops: Override the peaks of :func:`~trainopt.perf.bench.mfu.peak_flops_for`
+            (needed for a GPU missing from its table: checked before anything runs).
         time_budget_s: Don't start a configuration that would likely end past this many
             seconds after ``started`` (its estimate: the longest run so far of the same size,
             twice that for max-autotune modes); it is recorded as ``"skipped"``.
@@ -309,23 +324,27 @@ def run_matrix(configs: Sequence[BenchConfig], device: str | torch.device | None
         progress: Show a progress bar on stderr.
         results, started: Continue an earlier call's results and clock.
         profile_steps: Profile this many steps of each configuration after timing it.
+        command, note: Recorded in the results' ``meta``.
 
     Example:
         >>> from trainopt.perf.bench import run_matrix
         >>> from trainopt.perf.bench.configs import BenchConfig
         >>> res = run_matrix([BenchConfig(batch_size=2, seq_len=8)], "cpu", steps=1, windows=1, progress=False)
-        >>> [r["status"] for r in res["results"]], res["meta"]["device"]
-        (['ok'], 'cpu')
+        >>> [r["status"] for r in res["results"]], res["kind"], res["meta"]["device"]
+        (['ok'], 'bench', 'cpu')
     """
-    check_step_counts(warmup_steps=warmup_steps, steps=steps, windows=windows, profile_steps=profile_steps)
+    check_step_counts(warmup_steps=warmup_steps, max_warmup_steps=max_warmup_steps, steps=steps,
+                      windows=windows, profile_steps=profile_steps)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if time_budget_s is not None and not time_budget_s > 0:
         raise ValueError(f"time_budget_s must be positive or None, got {time_budget_s=}")
-    peak, _ = peak_flops_for(device, peak_tflops)
+    for precision in dict.fromkeys(c.precision for c in configs):
+        peak_flops_for(device, precision, peak_tflops)  # an unknown GPU fails here, before any run
     started = time.perf_counter() if started is None else started
     if results is None:
-        results = {"meta": {**environment(device, peak_tflops), "warmup_steps": warmup_steps,
-                            "steps_per_window": steps, "windows": windows}, "results": []}
+        results = new_results("bench", device, command, note, warmup_steps=warmup_steps,
+                              max_warmup_steps=max_warmup_steps, steps_per_window=steps, windows=windows)
+        results.update(results=[], goal={"mfu": MFU_GOAL, "size": MFU_GOAL_SIZE})
     durations: dict[str, float] = {}
     for record in results["results"]:
         if "duration_s" in record:
@@ -341,8 +360,9 @@ def run_matrix(configs: Sequence[BenchConfig], device: str | torch.device | None
             else:
                 begin = time.perf_counter()
                 try:
-                    record = measure(config, device, warmup_steps=warmup_steps, steps=steps,
-                                     windows=windows, peak_flops=peak, profile_steps=profile_steps)
+                    record = measure(config, device, warmup_steps=warmup_steps, max_warmup_steps=max_warmup_steps,
+                                     steps=steps, windows=windows, peak_tflops=peak_tflops,
+                                     profile_steps=profile_steps)
                 except Exception as exc:  # noqa: BLE001 - one failing configuration must not lose the others
                     record = {"name": config.name, "config": asdict(config), "status": "error",
                               "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}

@@ -1,341 +1,356 @@
-"""Tables, summaries and charts of benchmark results, made from the JSON that the harness writes.
+"""Tables of every benchmark results file, as MyST Markdown: the one renderer of the pages.
 
-Every number these functions print is read from a results file written by
-:func:`trainopt.perf.bench.harness.run_matrix` (or ``python -m trainopt.perf.bench``); they compute nothing
-new, so a page that renders them can't show a number that wasn't measured. A missing file gives
-a note that the result is not yet measured instead of a table.
+:func:`render` reads a results file (:func:`~trainopt.perf.bench.results.read_results`) and
+renders the parts a page asks for. It formats numbers that are in the file and computes none:
+speed-ups, ratios and errors are stored by the benchmark that measured them, so a page can't
+show a number that wasn't measured. Every table ends with its label: hardware, software, date
+and commit. A missing file renders as one line naming the command that writes it.
 """
 
 from __future__ import annotations
 
-import json
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib.pyplot as plt
-from matplotlib.figure import Figure
-
-Results = dict[str, Any]
+from trainopt.perf.bench.mfu import PEAK_TFLOPS
+from trainopt.perf.bench.results import Results, hardware, label, read_results
 
 
-def load_results(source: str | os.PathLike | Results) -> Results | None:
-    """Results from a JSON path (``None`` if the file doesn't exist) or a results dict as is.
-
-    Example:
-        >>> from trainopt.perf.bench.report import load_results
-        >>> load_results("no/such/file.json") is None, load_results({"results": []})
-        (True, {'results': []})
-    """
-    if isinstance(source, dict):
-        return source
-    path = Path(source)
-    if not path.exists():
-        return None
-    return json.loads(path.read_text())
-
-
-def fmt_ms(seconds: float) -> str:
-    """Seconds as milliseconds with one decimal.
-
-    Example:
-        >>> from trainopt.perf.bench.report import fmt_ms
-        >>> fmt_ms(0.0362)
-        '36.2'
-    """
+def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
 
-def fmt_rate(value: float) -> str:
-    """A rate with thousands separators.
-
-    Example:
-        >>> from trainopt.perf.bench.report import fmt_rate
-        >>> fmt_rate(45261.3)
-        '45,261'
-    """
+def _rate(value: float) -> str:
     return f"{value:,.0f}"
 
 
-def fmt_percent(fraction: float) -> str:
-    """A fraction as a percentage with one decimal.
-
-    Example:
-        >>> from trainopt.perf.bench.report import fmt_percent
-        >>> fmt_percent(0.437)
-        '43.7%'
-    """
+def _percent(fraction: float) -> str:
     return f"{fraction * 100:.1f}%"
 
 
-def fmt_gb(num_bytes: float) -> str:
-    """Bytes as GB (10⁹) with one decimal.
-
-    Example:
-        >>> from trainopt.perf.bench.report import fmt_gb
-        >>> fmt_gb(41.26e9)
-        '41.3'
-    """
-    return f"{num_bytes / 1e9:.1f}"
+def _change(fraction: float) -> str:
+    return f"{fraction * 100:+.0f}%"
 
 
-def fmt_ratio(value: float) -> str:
-    """A ratio with two decimals.
+def _error(fraction: float) -> str:
+    return f"{fraction * 100:+.2f}%"
 
-    Example:
-        >>> from trainopt.perf.bench.report import fmt_ratio
-        >>> fmt_ratio(6.527)
-        '6.53'
-    """
+
+def _ratio(value: float) -> str:
     return f"{value:.2f}"
 
 
-def fmt_ratio3(value: float) -> str:
-    """A ratio with three decimals.
-
-    Example:
-        >>> from trainopt.perf.bench.report import fmt_ratio3
-        >>> fmt_ratio3(1.0042)
-        '1.004'
-    """
+def _ratio3(value: float) -> str:
     return f"{value:.3f}"
 
 
-def fmt_seconds(value: float) -> str:
-    """Seconds with one decimal.
-
-    Example:
-        >>> from trainopt.perf.bench.report import fmt_seconds
-        >>> fmt_seconds(61.84)
-        '61.8'
-    """
-    return f"{value:.1f}"
+def _mib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**20:,.1f}"
 
 
-def _missing(source: str | os.PathLike | Results) -> str:
-    name = Path(source).name if not isinstance(source, dict) else "results"
-    return (f"*Not yet measured on a GPU: `{name}` has not been recorded yet. "
-            "Run the command above on the GPU to fill this in.*\n")
+def _gib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**30:.2f}"
 
 
-def _ok(results: Results) -> list[Results]:
-    return [r for r in results["results"] if r["status"] == "ok"]
+NUMBER_FORMATS: tuple[Callable[[Any], str], ...] = (
+    _ms, _rate, _percent, _change, _error, _ratio, _ratio3, _mib, _gib, str, lambda v: f"{v:.1f}", lambda v: f"{v:.2f}")
+"""Every way the renderer prints a number (a test checks that every printed number is one of these)."""
 
 
-def provenance(results: Results) -> str:
-    """One sentence saying where, when and how the results were measured.
-
-    Example:
-        >>> from trainopt.perf.bench.report import provenance
-        >>> meta = {"device": "cpu", "torch": "2.13.0", "date": "2026-11-23T10:00:00+00:00",
-        ...         "git_commit": "abc", "windows": 5, "steps_per_window": 10, "warmup_steps": 3}
-        >>> provenance({"meta": meta}).split(":")[0]
-        'Measured on cpu (torch 2.13.0) on 2026-11-23 at commit `abc`'
-    """
-    meta = results["meta"]
-    software = f"torch {meta['torch']}" + (f", CUDA {meta['cuda']}" if meta.get("cuda") else "")
-    peak = meta.get("peak_source") or "no peak"
-    dirty = " with uncommitted changes" if meta.get("git_dirty") else ""
-    return (f"Measured on {meta['device']} ({software}) on {meta['date'][:10]} at commit "
-            f"`{meta.get('git_commit') or 'unknown'}`{dirty}: median of {meta['windows']} windows of "
-            f"{meta['steps_per_window']} steps after {meta['warmup_steps']} warm-up steps. "
-            f"MFU reference: {peak}.")
+def _memory_unit(values: Sequence[float | None]) -> tuple[str, Callable[[float], str]]:
+    known = [v for v in values if v is not None]
+    return ("GiB", _gib) if known and max(known) >= 2**30 else ("MiB", _mib)
 
 
-def results_table(source: str | os.PathLike | Results) -> str:
-    """A MyST Markdown table of every configuration in a results file, with its provenance.
+def _cell(value: float | None, fmt: Callable[[float], str]) -> str:
+    return "—" if value is None else fmt(value)
 
-    Columns: step time (median, and the min–max over windows), tokens/s, MFU, peak memory,
-    warm-up time (compilation included). Rows that didn't run say why.
 
-    Example:
-        >>> from trainopt.perf.bench.report import results_table
-        >>> from trainopt.perf.bench.configs import BenchConfig
-        >>> from trainopt.perf.bench.harness import run_matrix
-        >>> res = run_matrix([BenchConfig(batch_size=2, seq_len=8)], "cpu", steps=1, windows=1, progress=False)
-        >>> print(results_table(res).splitlines()[0])
-        | configuration | step time (ms), median [min–max] | tokens/s | MFU | peak memory (GB) | warm-up (s) |
-    """
-    results = load_results(source)
-    if results is None:
-        return _missing(source)
-    lines = ["| configuration | step time (ms), median [min–max] | tokens/s | MFU | peak memory (GB) | warm-up (s) |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    for r in results["results"]:
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "---:") -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "| --- | " + " | ".join([align] * (len(header) - 1)) + " |"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _clean(text: Any) -> str:
+    return " ".join(str(text).split()).replace("|", "/")[:160]
+
+
+# -- the benchmark suite (python -m trainopt.perf.bench matrix | recipe | all) ------------------
+
+def _bench_results(results: Results) -> list[str]:
+    records = results["results"]
+    ok = [r for r in records if r["status"] == "ok"]
+    with_mfu = any(r.get("mfu") is not None for r in ok)
+    unit, mem = _memory_unit([r.get("peak_memory_bytes") for r in ok])
+    header = ["configuration", "step time (ms), median [min–max]", "tokens/s", *(["MFU"] if with_mfu else []),
+              f"peak memory ({unit})", "warm-up: steps (s)"]
+    rows = []
+    for r in records:
         if r["status"] != "ok":
-            error = " ".join(str(r.get("error", "")).split()).replace("|", "/")[:160]
-            lines.append(f"| {r['name']} | {r['status']}: {error} | | | | |")
+            rows.append([r["name"], f"{r['status']}: {_clean(r.get('error', ''))}", *[""] * (len(header) - 2)])
             continue
-        t = r["step_time_s"]
-        mfu = fmt_percent(r["mfu"]) if r.get("mfu") is not None else "n/a"
-        memory = fmt_gb(r["peak_memory_bytes"]) if r.get("peak_memory_bytes") is not None else "n/a"
-        lines.append(f"| {r['name']} | {fmt_ms(t['median'])} [{fmt_ms(t['min'])}–{fmt_ms(t['max'])}] | "
-                     f"{fmt_rate(r['tokens_per_s'])} | {mfu} | {memory} | {fmt_seconds(r['warmup_s'])} |")
-    return "\n".join(lines) + "\n\n" + provenance(results) + "\n"
+        t, w = r["step_time_s"], r["warmup"]
+        stable = "" if w["stable"] else ", not stable"
+        rows.append([r["name"], f"{_ms(t['median'])} [{_ms(t['min'])}–{_ms(t['max'])}]", _rate(r["tokens_per_s"]),
+                     *([_cell(r.get("mfu"), _percent)] if with_mfu else []),
+                     _cell(r.get("peak_memory_bytes"), mem), f"{w['steps']} ({w['seconds']:.1f}{stable})"])
+    settings = results["meta"]["settings"]
+    lines = _table(header, rows)
+    lines += ["", f"Median over {settings['windows']} windows of {settings['steps_per_window']} steps, after a "
+                  f"warm-up of at least {settings['warmup_steps']} steps that ran until two windows agreed "
+                  "within 10%."]
+    if not with_mfu:
+        lines.append("MFU needs a device peak; a CPU has none, so it is not shown.")
+    return lines
 
 
-def recipe_summary(source: str | os.PathLike | Results) -> str:
-    """The headline: how much faster the project's recipe runs than the plain PyTorch loop.
-
-    Example:
-        >>> from trainopt.perf.bench.report import recipe_summary
-        >>> recipe_summary({"meta": {}, "results": []})
-        '*No recipe comparison in these results.*\\n'
-    """
-    results = load_results(source)
-    if results is None:
-        return _missing(source)
+def _bench_recipe(results: Results) -> list[str]:
     recipe = results.get("recipe")
     if not recipe:
-        return "*No recipe comparison in these results.*\n"
+        return ["*No recipe comparison in these results.*"]
     by_name = {r["name"]: r for r in results["results"]}
     base, cand = by_name[recipe["baseline"]], by_name[recipe["candidate"]]
     if recipe.get("speedup") is None:
-        return (f"*The recipe comparison did not complete: {base['name']} is {base['status']}, "
-                f"{cand['name']} is {cand['status']}.*\n")
+        return [f"*The recipe comparison did not complete: {base['name']} is {base['status']}, "
+                f"{cand['name']} is {cand['status']}.*"]
     ratio = recipe["speedup"]
     verdict = "faster" if ratio >= 1 else "slower: the recipe does not pay off here"
-    return (f"**Speed-up {fmt_ratio(ratio)}×** ({verdict}): {cand['name']} trains "
-            f"{fmt_rate(cand['tokens_per_s'])} tokens/s ({fmt_ms(cand['step_time_s']['median'])} ms per "
-            f"step) where {base['name']} trains {fmt_rate(base['tokens_per_s'])} tokens/s "
-            f"({fmt_ms(base['step_time_s']['median'])} ms per step), on {results['meta']['device']}.\n")
+    return [f"**Speed-up {_ratio(ratio)}×** ({verdict}): {cand['name']} trains {_rate(cand['tokens_per_s'])} "
+            f"tokens/s ({_ms(cand['step_time_s']['median'])} ms per step) where {base['name']} trains "
+            f"{_rate(base['tokens_per_s'])} tokens/s ({_ms(base['step_time_s']['median'])} ms per step)."]
 
 
-def best_result(results: Results, size: str) -> Results | None:
-    """The measured configuration of model ``size`` with the highest tokens/s, or ``None``.
-
-    Example:
-        >>> from trainopt.perf.bench.report import best_result
-        >>> rows = [{"name": n, "status": "ok", "config": {"size": "tiny"}, "tokens_per_s": t}
-        ...         for n, t in (("a", 10.0), ("b", 30.0))]
-        >>> best_result({"results": rows}, "tiny")["name"], best_result({"results": rows}, "350m")
-        ('b', None)
-    """
-    candidates = [r for r in _ok(results) if r["config"]["size"] == size]
-    return max(candidates, key=lambda r: r["tokens_per_s"], default=None)
-
-
-def goals_summary(source: str | os.PathLike | Results, size: str | None = None) -> str:
-    """Whether the best configuration of ``size`` reached the MFU goal, with the measured figure.
-
-    ``size`` defaults to the results file's ``meta.mfu_goal_size``.
-
-    Example:
-        >>> from trainopt.perf.bench.report import goals_summary
-        >>> goals_summary({"meta": {"mfu_goal": 0.5, "mfu_goal_size": "350m"}, "results": []})
-        '*No configuration of the 350m model was measured in these results.*\\n'
-    """
-    results = load_results(source)
-    if results is None:
-        return _missing(source)
-    size = size or results["meta"].get("mfu_goal_size", "")
-    best = best_result(results, size)
-    goal = results["meta"].get("mfu_goal")
-    if best is None:
-        return f"*No configuration of the {size} model was measured in these results.*\n"
-    if best.get("mfu") is None or goal is None:
-        return f"The fastest {size} configuration, {best['name']}, has no MFU reference on this device.\n"
-    verdict = "meets" if best["mfu"] >= goal else "misses"
-    return (f"The fastest {size} configuration, {best['name']}, reaches **{fmt_percent(best['mfu'])} MFU** "
-            f"({fmt_rate(best['tokens_per_s'])} tokens/s, {fmt_ms(best['step_time_s']['median'])} ms "
-            f"per step): it **{verdict}** the goal of {fmt_percent(goal)}.\n")
-
-
-def profile_table(source: str | os.PathLike | Results, size: str | None = None) -> str:
-    """Where the step time of the fastest configuration of ``size`` goes, by kernel category.
-
-    ``size`` defaults to the results file's ``meta.mfu_goal_size``, falling back to the
-    fastest profiled configuration of any size.
-
-    Example:
-        >>> from trainopt.perf.bench.report import profile_table
-        >>> profile_table({"meta": {}, "results": []})
-        '*No profile in these results.*\\n'
-    """
-    results = load_results(source)
-    if results is None:
-        return _missing(source)
-    size = size or results["meta"].get("mfu_goal_size", "")
-    profiled = [r for r in _ok(results) if "profile" in r]
-    candidates = [r for r in profiled if r["config"]["size"] == size] or profiled
+def _bench_goal(results: Results) -> list[str]:
+    goal = results["goal"]
+    candidates = [r for r in results["results"] if r["status"] == "ok" and r["config"]["size"] == goal["size"]]
+    if results["meta"]["device"] != "cuda":
+        return [f"MFU against a tensor-core peak is a GPU measure: the goal ({_percent(goal['mfu'])} for the "
+                f"{goal['size']} model) is checked on a GPU run only."]
     if not candidates:
-        return "*No profile in these results.*\n"
+        return [f"*No configuration of the {goal['size']} model was measured in these results.*"]
+    best = max(candidates, key=lambda r: r["tokens_per_s"])
+    verdict = "meets" if best["mfu"] >= goal["mfu"] else "misses"
+    return [f"The fastest {goal['size']} configuration, {best['name']}, reaches **{_percent(best['mfu'])} MFU** "
+            f"({_rate(best['tokens_per_s'])} tokens/s): it **{verdict}** the goal of {_percent(goal['mfu'])}."]
+
+
+def _bench_profile(results: Results) -> list[str]:
+    profiled = [r for r in results["results"] if r["status"] == "ok" and "profile" in r]
+    candidates = [r for r in profiled if r["config"]["size"] == results["goal"]["size"]] or profiled
+    if not candidates:
+        return ["*No profile in these results.*"]
     best = max(candidates, key=lambda r: r["tokens_per_s"])
     prof = best["profile"]
-    lines = [f"Profile of {best['name']} ({prof['steps']} steps): the device is busy "
-             f"{fmt_ms(prof['busy_s_per_step'])} ms of the {fmt_ms(best['step_time_s']['median'])} ms step.", "",
-             "| category | ms per step | share of busy time |", "| --- | --- | --- |"]
-    for name, cat in prof["categories"].items():
-        lines.append(f"| {name} | {fmt_ms(cat['s_per_step'])} | {fmt_percent(cat['share'])} |")
-    lines += ["", "| top kernel or operator | ms per step |", "| --- | --- |"]
-    for row in prof["top"]:
-        name = row["name"].replace("|", "/").replace("`", "'")
-        lines.append(f"| `{name}` | {fmt_ms(row['s_per_step'])} |")
-    return "\n".join(lines) + "\n"
+    busy = "kernel time" if results["meta"]["device"] == "cuda" else "operators' self time (the profiler slows a CPU)"
+    lines = [f"Profile of {best['name']} over {prof['steps']} steps: {busy} adds up to "
+             f"{_ms(prof['busy_s_per_step'])} ms per step; the timed step took {_ms(best['step_time_s']['median'])} ms.", ""]
+    lines += _table(["category", "ms per step", "share of busy time"],
+                    [[name, _ms(c["s_per_step"]), _percent(c["share"])] for name, c in prof["categories"].items()])
+    lines.append("")
+    lines += _table(["top kernel or operator", "ms per step"],
+                    [[f"`{_clean(r['name']).replace('`', '')}`", _ms(r["s_per_step"])] for r in prof["top"]])
+    return lines
 
 
-def stability_summary(source: str | os.PathLike | Results) -> str:
-    """What the stability stack costs per step, against its goal, from the ``stability`` entry.
+# -- the stability stack's overhead (python -m trainopt.perf.bench stability) -------------------
 
-    Example:
-        >>> from trainopt.perf.bench.report import stability_summary
-        >>> stability_summary({"meta": {}, "results": []})
-        '*No stability benchmark in these results.*\\n'
-    """
-    results = load_results(source)
-    if results is None:
-        return _missing(source)
-    stab = results.get("stability")
-    if not stab:
-        return "*No stability benchmark in these results.*\n"
-    if stab.get("status") != "ok":
-        return f"*The stability benchmark did not run: {stab.get('status')}: {stab.get('error')}.*\n"
-    ms, ratios, cfg = stab["ms_per_step"], stab["ratios"], stab["config"]
+def _stability_overhead(results: Results) -> list[str]:
+    ms, ratios, cfg, sync = results["ms_per_step"], results["ratios"], results["config"], results["sync_check"]
+    spans = {name: f"{min(t):.2f}–{max(t):.2f}" for name, t in results["window_ms"].items()}
+    names = {"bare": "(a) bare step", "stabilizer": "(b) TrainingStabilizer",
+             "seed_style": "(c) seed-style `.item()` monitoring"}
+    rows = [[names[v], f"{ms[v]:.2f}", spans[v], "—" if v == "bare" else _ratio3(ratios[f"{v}/bare"])]
+            for v in ("bare", "stabilizer", "seed_style")]
     ratio = ratios["stabilizer/bare"]
-    verdict = "meets" if ratio <= stab["goal_ratio"] else "misses"
-    sync = stab["sync_check"]
-    return "\n".join([
-        "| step | ms per step (median) | ratio to the bare step |", "| --- | --- | --- |",
-        f"| bare | {fmt_ms(ms['bare'] / 1e3)} | |",
-        f"| TrainingStabilizer | {fmt_ms(ms['stabilizer'] / 1e3)} | {fmt_ratio3(ratio)} |",
-        f"| seed-style `.item()` stack | {fmt_ms(ms['seed_style'] / 1e3)} | {fmt_ratio3(ratios['seed_style/bare'])} |",
+    verdict = "meets" if ratio <= results["goal_ratio"] else "misses"
+    return _table(["variant", "ms per step (median)", "min–max over windows", "ratio to (a)"], rows) + [
         "",
-        f"{cfg['model']}, batch {cfg['batch_size']} × {cfg['seq_len']}, {cfg['dtype']}, on "
-        f"{stab['hardware']['name']}. The stabilizer's ratio {fmt_ratio3(ratio)} **{verdict}** the goal of "
-        f"at most {fmt_ratio3(stab['goal_ratio'])}. Host syncs in {sync['steps']} steady-state steps: "
-        f"{sync['syncs'] if 'syncs' in sync else ('none' if sync['passed'] else 'some')}.",
-    ]) + "\n"
+        f"{cfg['model']} ({cfg['parameters'] / 1e6:.1f}M parameters), batch {cfg['batch_size']} × {cfg['seq_len']}, "
+        f"{cfg['dtype']}, {cfg['optimizer']}, {'compiled' if cfg['compile'] else 'eager'}; median of "
+        f"{cfg['windows']} interleaved windows of {cfg['steps_per_window']} steps, stabilizer boundary every "
+        f"{cfg['check_every']} steps. (b)/(a) = {_ratio3(ratio)} **{verdict}** the goal of at most "
+        f"{_ratio3(results['goal_ratio'])}.",
+        f"Host syncs in {sync['steps']} steady-state stabilizer steps ({sync['method']}): **{sync['syncs']}**"
+        + (f"; failed: {_clean(sync['error'])}" if sync.get("error") else "") + ".",
+    ]
 
 
-def plot_results(source: str | os.PathLike | Results, title: str = "") -> Figure:
-    """A bar chart of tokens/s per configuration, labelled with MFU where there is a peak.
+# -- the performance experiments (python -m trainopt.perf.bench experiments) --------------------
 
-    A missing results file gives a figure that says so.
+def _experiments_environment(results: Results) -> list[str]:
+    model, meta = results["model"], results["meta"]
+    return [f"The reference GPT `{model['size']}` ({model['parameters'] / 1e6:.1f}M parameters, {model['n_layer']} "
+            f"layers, width {model['n_embd']}), batch {model['batch_size']} × {model['seq_len']} tokens, "
+            f"{results['optimizer']}, on {hardware(meta)}. Command: `{meta['command']}`."]
+
+
+def _ok_rows(results: Results) -> list[dict[str, Any]]:
+    return [r for r in results["precision"] if r["supported"] and "error" not in r]
+
+
+def _experiments_precision(results: Results) -> list[str]:
+    cuda = results["meta"]["device"] == "cuda"
+    unit, mem = _memory_unit([r["peak_memory_bytes"] for r in _ok_rows(results)])
+    header = ["precision", "step time (ms)", "p10–p90 (ms)", "tokens/s", "speed-up vs fp32", *(["MFU"] if cuda else []),
+              f"peak memory ({unit})"]
+    rows = [[r["precision"], f"{r['step_time_median_ms']:.1f}", f"{r['step_time_p10_ms']:.1f}–{r['step_time_p90_ms']:.1f}",
+             _rate(r["tokens_per_s"]), f"{_ratio(r['speedup_vs_fp32'])}×" if r.get("speedup_vs_fp32") else "—",
+             *([_cell(r["mfu"], _percent)] if cuda else []), _cell(r["peak_memory_bytes"], mem)]
+            for r in _ok_rows(results)]
+    lines = _table(header, rows)
+    failed = [f"{r['precision']} ({_clean(r['error'])})" for r in results["precision"] if "error" in r]
+    skipped = [r["precision"] for r in results["precision"] if not r["supported"]]
+    if skipped:
+        lines += ["", f"Not supported on this device: {', '.join(skipped)}."]
+    if failed:
+        lines += ["", f"Failed: {'; '.join(failed)}."]
+    if not cuda:
+        lines += ["", "MFU needs a device peak; a CPU has none, so it is not shown."]
+    return lines
+
+
+def _experiments_estimate(results: Results) -> list[str]:
+    rows = [(f"{r['precision']}, no checkpointing", r) for r in _ok_rows(results)]
+    rows += [(f"{results['checkpointing']['precision']}, {r['policy']}", r)
+             for r in results["checkpointing"]["rows"] if r["policy"] != "none" and "error" not in r]
+    rows = [(name, r) for name, r in rows if r.get("estimate_bytes") is not None]
+    unit, mem = _memory_unit([r["peak_memory_bytes"] for _, r in rows])
+    return _table(["configuration", f"estimate ({unit})", f"measured peak ({unit})", "error"],
+                  [[name, mem(r["estimate_bytes"]), mem(r["peak_memory_bytes"]), _error(r["estimate_error"])]
+                   for name, r in rows])
+
+
+def _experiments_checkpointing(results: Results) -> list[str]:
+    section = results["checkpointing"]
+    unit, mem = _memory_unit([r.get("peak_memory_bytes") for r in section["rows"]])
+    rows = []
+    for r in section["rows"]:
+        if "error" in r:
+            rows.append([r["policy"], f"failed: {_clean(r['error'])}", "", "", "", "", ""])
+            continue
+        rows.append([r["policy"], str(r["checkpointed_layers"]), f"{r['step_time_median_ms']:.1f}",
+                     _change(r["time_change"]), mem(r["peak_memory_bytes"]), _change(r["memory_change"]),
+                     "yes" if r["meets_goal"] else "no"])
+    return [f"Precision: {section['precision']}. Goal: at least 30% lower peak memory for at most 20% more "
+            "step time.", ""] + _table(["policy", "blocks checkpointed", "step time (ms)", "time",
+                                        f"peak memory ({unit})", "memory", "meets goal"], rows)
+
+
+def _experiments_recommendation(results: Results) -> list[str]:
+    rows = [r for r in results["checkpointing"]["rows"] if r["policy"] != "none" and "error" not in r]
+    if not rows:
+        return ["*No checkpointing policy ran, so no recommendation.*"]
+
+    def describe(r: dict[str, Any]) -> str:
+        return f"**{r['policy']}** ({_change(r['memory_change'])} peak memory, {_change(r['time_change'])} step time)"
+
+    meeting = [r for r in rows if r["meets_goal"]]
+    if meeting:
+        return [f"Recommended on this setup: {describe(min(meeting, key=lambda r: r['time_change']))}, "
+                "the cheapest policy that meets the goal."]
+    return [f"No policy met the goal on this setup. The largest saving came from "
+            f"{describe(min(rows, key=lambda r: r['memory_change']))}; the cheapest policy was "
+            f"{describe(min(rows, key=lambda r: r['time_change']))}."]
+
+
+def _experiments_phases(results: Results) -> list[str]:
+    rows = results["phases"]["rows"]
+    if not rows:
+        return ["*The per-phase measurement failed in this run.*"]
+    unit, mem = _memory_unit([r["peak"] for r in rows])
+    return [f"Precision: {results['phases']['precision']}, a steady-state step.", ""] + _table(
+        ["phase", f"allocated after ({unit})", f"reserved ({unit})", f"peak during ({unit})"],
+        [[r["phase"], mem(r["allocated"]), _cell(r["reserved"], mem), mem(r["peak"])] for r in rows])
+
+
+def _experiments_operators(results: Results) -> list[str]:
+    cuda = results["meta"]["device"] == "cuda"
+    key = "self_device_us" if cuda else "self_cpu_us"
+    return [f"Precision: {results['top_operators']['precision']}, two profiled steps.", ""] + _table(
+        ["operator", "calls", f"self {'CUDA' if cuda else 'CPU'} time (ms)"],
+        [[f"`{_clean(r['name'])}`", str(r["calls"]), f"{r[key] / 1e3:.2f}"] for r in results["top_operators"]["rows"]])
+
+
+def _experiments_throughput(results: Results) -> list[str]:
+    cuda = results["meta"]["device"] == "cuda"
+    header = ["precision", "tokens/s", "samples/s", *(["device peak (TFLOP/s)", "MFU"] if cuda else [])]
+    rows = [[r["precision"], _rate(r["tokens_per_s"]), f"{r['samples_per_s']:.1f}",
+             *([f"{r['peak_flops'] / 1e12:.1f}", _percent(r["mfu"])] if cuda else [])] for r in _ok_rows(results)]
+    lines = [f"FLOPs per token (6·N + 12·L·d·T): {results['model']['flops_per_token'] / 1e9:.4f} GFLOP.", ""]
+    lines += _table(header, rows)
+    if not cuda:
+        lines += ["", "MFU divides by a device's peak; a CPU has none in the peak table, so it is not shown."]
+    return lines
+
+
+PARTS: dict[str, dict[str, Callable[[Results], list[str]]]] = {
+    "bench": {"results": _bench_results, "recipe": _bench_recipe, "goal": _bench_goal, "profile": _bench_profile},
+    "stability": {"overhead": _stability_overhead},
+    "experiments": {"environment": _experiments_environment, "precision": _experiments_precision,
+                    "estimate": _experiments_estimate, "checkpointing": _experiments_checkpointing,
+                    "recommendation": _experiments_recommendation, "phases": _experiments_phases,
+                    "operators": _experiments_operators, "throughput": _experiments_throughput},
+}
+"""The parts :func:`render` can show, by the ``kind`` of the results file."""
+
+
+def _missing(path: Path) -> str:
+    preset = path.stem.rsplit("_", 1)[-1]
+    where = "on an H100" if preset == "h100" else "on the machine it names"
+    return (f"*No results in `{path.name}` yet: `python -m trainopt.perf.bench all --preset {preset} "
+            f"--out-dir docs/_data` {where} writes them.*\n")
+
+
+def render(source: str | os.PathLike | Results, parts: Sequence[str] | None = None) -> str:
+    """MyST Markdown of the ``parts`` of a results file (default: all of its kind).
+
+    Every table is followed by its label (:func:`~trainopt.perf.bench.results.label`: hardware,
+    software, date, commit); parts without a table are labelled once, at the end.
+
+    Args:
+        source: A results file (or the loaded results).
+        parts: Names from :data:`PARTS` for the file's kind.
 
     Example:
-        >>> from trainopt.perf.bench.report import plot_results
-        >>> fig = plot_results("does-not-exist.json")
-        >>> fig.axes[0].texts[0].get_text()
-        'not yet measured on a GPU'
+        >>> from trainopt.perf.bench.report import render
+        >>> print(render("bench_a100.json"))
+        *No results in `bench_a100.json` yet: `python -m trainopt.perf.bench all --preset a100 --out-dir docs/_data` on the machine it names writes them.*
+        >>> from trainopt.perf.bench.stability import run
+        >>> text = render(run(size="tiny", device="cpu", steps_per_window=1, windows=1, warmup_steps=1,
+        ...                max_warmup_steps=2, seq_len=8))
+        >>> text.splitlines()[0]
+        '| variant | ms per step (median) | min–max over windows | ratio to (a) |'
     """
-    results = load_results(source)
-    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * max(1, len(results["results"]) if results else 1)))
+    results = read_results(source)
     if results is None:
-        ax.text(0.5, 0.5, "not yet measured on a GPU", ha="center", va="center", fontsize=14)
-        ax.set_axis_off()
-        return fig
-    rows = _ok(results)
-    names = [r["name"] for r in rows]
-    values = [r["tokens_per_s"] for r in rows]
-    bars = ax.barh(names, values, color="#4C72B0")
-    ax.invert_yaxis()
-    for bar, r in zip(bars, rows):
-        label = fmt_rate(r["tokens_per_s"])
-        if r.get("mfu") is not None:
-            label += f"  ({fmt_percent(r['mfu'])} MFU)"
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + label, va="center", fontsize=8)
-    ax.set_xlabel("tokens/s (median over windows)")
-    ax.set_xlim(0, max(values, default=1) * 1.45)
-    ax.set_title(title or f"Training throughput on {results['meta']['device']}")
-    fig.tight_layout()
-    return fig
+        return _missing(Path(source))
+    available = PARTS[results["kind"]]
+    chosen = list(parts) if parts is not None else list(available)
+    unknown = [p for p in chosen if p not in available]
+    if unknown:
+        raise ValueError(f"parts of a {results['kind']} file must be among {list(available)}, got {unknown}")
+    tag = label(results)
+    blocks = ["\n".join(available[name](results)) for name in chosen]
+    labelled = [block + ("\n\n" + tag if "| --- |" in block else "") for block in blocks]
+    if not any("| --- |" in block for block in blocks):
+        labelled.append(tag)
+    return "\n\n".join(labelled) + "\n"
+
+
+def render_device_peaks() -> str:
+    """The dense peak TFLOP/s per precision that MFU divides by (:data:`~trainopt.perf.bench.mfu.PEAK_TFLOPS`).
+
+    Example:
+        >>> from trainopt.perf.bench.report import render_device_peaks
+        >>> for line in render_device_peaks().splitlines()[:3]:
+        ...     print(line)
+        | device | fp32 | tf32 | bf16 | fp16 |
+        | --- | ---: | ---: | ---: | ---: |
+        | H100 SXM | 66.9 | 494.7 | 989.4 | 989.4 |
+    """
+    rows = [[device, *(f"{peaks[p]:,.1f}" for p in ("fp32", "tf32", "bf16", "fp16"))]
+            for device, peaks in PEAK_TFLOPS.items()]
+    return "\n".join(_table(["device", "fp32", "tf32", "bf16", "fp16"], rows)) + (
+        "\n\nDense TFLOP/s from NVIDIA's data sheets (the figures \"with sparsity\" are twice these).\n")

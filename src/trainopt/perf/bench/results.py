@@ -1,7 +1,22 @@
-"""The results file of every benchmark: environment, git state, and an atomic write."""
+"""The results files of every benchmark: one schema, one writer, one reader.
+
+Every file that ``python -m trainopt.perf.bench`` writes, and every file a page renders, is a
+JSON object::
+
+    {"schema": 2, "kind": "bench" | "stability" | "experiments",
+     "meta": {date, git_commit, git_dirty, command, note, device, device_name, ..., torch, cuda},
+     ...the measurements of that kind}
+
+``meta`` (:func:`environment`) says where, when and from which commit the numbers come, and
+whether the working tree had uncommitted changes (``git_dirty``): a committed results file
+comes from a clean tree. :func:`read_results` is the one reader; :mod:`trainopt.perf.bench.report`
+is the one renderer.
+"""
 
 from __future__ import annotations
 
+import errno
+import functools
 import json
 import os
 import platform
@@ -12,7 +27,9 @@ from typing import Any
 
 import torch
 
-from trainopt.perf.bench.mfu import MFU_GOAL, MFU_GOAL_SIZE, peak_flops_for
+SCHEMA = 2
+KINDS = ("bench", "stability", "experiments")
+Results = dict[str, Any]
 
 
 def _git(*args: str) -> str | None:
@@ -27,65 +44,157 @@ def _git(*args: str) -> str | None:
 def git_state() -> dict[str, Any]:
     """The commit of the code that ran, and whether tracked files differed from it.
 
-    Outside a git checkout (a copied tree), the commit comes from ``TRAINOPT_GIT_COMMIT`` if set.
+    Read once per process, when the first results are made: the code that runs is the code
+    that was there then, and the results files a run writes later (``all`` writes three) don't
+    count as changes to it. Outside a git checkout (a copied tree), the commit comes from
+    ``TRAINOPT_GIT_COMMIT`` if set.
 
     Example:
         >>> from trainopt.perf.bench.results import git_state
         >>> sorted(git_state())
         ['git_commit', 'git_dirty']
     """
+    return dict(_git_state_at_start())
+
+
+@functools.lru_cache(maxsize=1)
+def _git_state_at_start() -> tuple[tuple[str, Any], ...]:
     commit = _git("rev-parse", "HEAD")
     if commit is None:
-        return {"git_commit": os.environ.get("TRAINOPT_GIT_COMMIT") or None, "git_dirty": None}
-    return {"git_commit": commit, "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no"))}
+        return (("git_commit", os.environ.get("TRAINOPT_GIT_COMMIT") or None), ("git_dirty", None))
+    return (("git_commit", commit), ("git_dirty", bool(_git("status", "--porcelain", "--untracked-files=no"))))
 
 
-def environment(device: str | torch.device, peak_tflops: float | None = None) -> dict[str, Any]:
-    """Hardware, software and MFU reference of a run, for the results file.
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device: str | torch.device, command: str | None = None, note: str | None = None) -> dict[str, Any]:
+    """The ``meta`` of a results file: hardware, software, date, commit, command and a note.
 
     Example:
         >>> import torch
         >>> from trainopt.perf.bench.results import environment
-        >>> meta = environment("cpu")
-        >>> meta["device"], meta["torch"] == torch.__version__, meta["peak_flops"]
-        ('cpu', True, None)
+        >>> meta = environment("cpu", command="python -m trainopt.perf.bench recipe", note="a laptop")
+        >>> meta["device"], meta["torch"] == torch.__version__, meta["cpu_count"] > 0, meta["note"]
+        ('cpu', True, True, 'a laptop')
     """
     device = torch.device(device)
-    peak, source = peak_flops_for(device, peak_tflops)
     cuda = device.type == "cuda"
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **git_state(),
+        "command": command,
+        "note": note,
+        "device": device.type,
+        "device_name": torch.cuda.get_device_name(device) if cuda else _cpu_name(),
+        "device_memory_bytes": torch.cuda.get_device_properties(device).total_memory if cuda else None,
+        "gpu_count": torch.cuda.device_count() if cuda else 0,
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "cuda": torch.version.cuda,
+        "cuda": torch.version.cuda if cuda else None,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-        "gpu_count": torch.cuda.device_count() if cuda else 0,
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "peak_flops": peak,
-        "peak_source": source,
-        "mfu_goal": MFU_GOAL,
-        "mfu_goal_size": MFU_GOAL_SIZE,
     }
 
 
-def write_results(results: dict[str, Any], out: str | os.PathLike) -> None:
+def new_results(kind: str, device: str | torch.device, command: str | None = None,
+                note: str | None = None, **settings: Any) -> Results:
+    """An empty results document of ``kind`` with its ``meta`` and the run's ``settings``.
+
+    Example:
+        >>> from trainopt.perf.bench.results import new_results
+        >>> results = new_results("stability", "cpu", steps_per_window=10)
+        >>> results["schema"], results["kind"], results["meta"]["settings"]
+        (2, 'stability', {'steps_per_window': 10})
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
+    return {"schema": SCHEMA, "kind": kind, "meta": {**environment(device, command, note), "settings": settings}}
+
+
+def write_results(results: Results, out: str | os.PathLike) -> None:
     """Write ``results`` as JSON atomically (a reader never sees half a file).
 
     Example:
-        >>> import json
+        >>> import json, tempfile
         >>> from pathlib import Path
-        >>> from trainopt.perf.bench.results import write_results
-        >>> import tempfile
+        >>> from trainopt.perf.bench.results import new_results, write_results
         >>> path = Path(tempfile.mkdtemp()) / "results.json"
-        >>> write_results({"meta": {}, "results": []}, path)
-        >>> json.loads(path.read_text())
-        {'meta': {}, 'results': []}
+        >>> write_results(new_results("bench", "cpu"), path)
+        >>> json.loads(path.read_text())["kind"]
+        'bench'
     """
     out = Path(out)
+    if out.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "Is a directory", str(out))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text(json.dumps(results, indent=1, allow_nan=False) + "\n")
     os.replace(tmp, out)
+
+
+def read_results(source: str | os.PathLike | Results) -> Results | None:
+    """Results from a JSON file (``None`` if there is no such file), or a results dict as is.
+
+    Raises:
+        ValueError: the file is not a results file of this schema.
+
+    Example:
+        >>> from trainopt.perf.bench.results import new_results, read_results
+        >>> read_results("no/such/results.json") is None, read_results(new_results("bench", "cpu"))["kind"]
+        (True, 'bench')
+    """
+    if isinstance(source, dict):
+        results = source
+    else:
+        path = Path(source)
+        if not path.exists():
+            return None
+        results = json.loads(path.read_text())
+    if results.get("schema") != SCHEMA or results.get("kind") not in KINDS:
+        raise ValueError(f"{source if not isinstance(source, dict) else 'results'}: not a results file of schema "
+                         f"{SCHEMA} (kind one of {list(KINDS)}); write it again with python -m trainopt.perf.bench")
+    return results
+
+
+def hardware(meta: dict[str, Any]) -> str:
+    """The hardware of a run in words.
+
+    Example:
+        >>> from trainopt.perf.bench.results import hardware
+        >>> hardware({"device": "cpu", "device_name": "AMD EPYC", "cpu_count": 2})
+        'CPU (AMD EPYC, 2 cores)'
+        >>> hardware({"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "cpu_count": 16})
+        'NVIDIA H100 80GB HBM3'
+    """
+    if meta["device"] == "cuda":
+        return meta["device_name"]
+    return f"CPU ({meta['device_name']}, {meta['cpu_count']} cores)"
+
+
+def label(results: Results) -> str:
+    """One line under a table: hardware, software, date, commit (and a dirty tree), the note.
+
+    Example:
+        >>> from trainopt.perf.bench.results import label
+        >>> meta = {"device": "cpu", "device_name": "AMD EPYC", "cpu_count": 2, "torch": "2.13.0",
+        ...         "cuda": None, "date": "2026-11-23T10:00:00+00:00", "git_commit": "0123456789abcdef",
+        ...         "git_dirty": False, "note": "a shared virtual machine"}
+        >>> print(label({"meta": meta}))
+        *CPU (AMD EPYC, 2 cores), torch 2.13.0, 2026-11-23, commit `0123456789`; a shared virtual machine.*
+    """
+    meta = results["meta"]
+    software = f"torch {meta['torch']}" + (f", CUDA {meta['cuda']}" if meta.get("cuda") else "")
+    commit = (meta.get("git_commit") or "unknown")[:10]
+    dirty = " with uncommitted changes" if meta.get("git_dirty") else ""
+    note = f"; {meta['note']}" if meta.get("note") else ""
+    return f"*{hardware(meta)}, {software}, {meta['date'][:10]}, commit `{commit}`{dirty}{note}.*"

@@ -10,37 +10,34 @@ three alike:
 - ``seed_style``: the bare step plus what the seed's monitors do: a ``.item()`` per parameter
   for the gradient norm, ``loss.item()`` for the loss history, and a host-side overflow test.
 
-Each window is timed with CUDA events on a GPU (``time.perf_counter`` on a CPU) after a
-warm-up; the per-step time of a variant is the median over its windows. A second check runs 50
-steady-state stabilizer steps under ``torch.cuda.set_sync_debug_mode("error")`` on a GPU (under
-:class:`~trainopt.stability.syncs.HostSyncCounter` on a CPU): any host sync fails it.
+Each window is timed by the benchmarks' one timer (:mod:`trainopt.perf.bench.timer`: CUDA
+events on a GPU, the wall clock on a CPU) after each variant has warmed up until its step time
+is stable; the per-step time of a variant is the median over its windows. A second check runs
+50 steady-state stabilizer steps under ``torch.cuda.set_sync_debug_mode("error")`` on a GPU
+(under :class:`~trainopt.stability.syncs.HostSyncCounter` on a CPU, which counts them).
 
-Run it with ``python -m trainopt.perf.bench.stability --out docs/_data/stability_bench.json``
+Run it with ``python -m trainopt.perf.bench stability --out bench_stability.json``
 (``--size 124m`` on a GPU, the default there; ``--compile`` to compile the model).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import datetime as dt
-import json
 import math
-import platform
 import statistics
-import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainopt.models import GPT, gpt_config, synthetic_batch
+from trainopt.perf.bench.results import new_results
+from trainopt.perf.bench.timer import interleaved_windows, warm_up
 from trainopt.stability.stabilizer import TrainingStabilizer
 from trainopt.stability.syncs import HostSyncCounter
 
 VARIANTS = ("bare", "stabilizer", "seed_style")
+STABILITY_GOAL_RATIO = 1.02  # the stability stack may cost at most 2% of step time
 
 
 def bare_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -118,61 +115,35 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _timer(device: torch.device) -> tuple[Callable[[], Any], Callable[[Any, Any], float]]:
-    """``(mark, elapsed_ms)`` pair: CUDA events on a GPU, perf_counter elsewhere."""
-    if device.type == "cuda":
-        def mark() -> Any:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-
-        def elapsed(start: Any, end: Any) -> float:
-            end.synchronize()
-            return start.elapsed_time(end)
-        return mark, elapsed
-    return time.perf_counter, lambda start, end: (end - start) * 1e3
-
-
 def _sync_check(stabilizer: TrainingStabilizer, compute_loss: Callable[[], torch.Tensor],
                 steps: int = 50) -> dict[str, Any]:
-    """Run ``steps`` stabilizer steps between boundaries; report any host sync."""
+    """Run ``steps`` stabilizer steps between boundaries; count host syncs (on CUDA, any raises)."""
     stabilizer.check_every = 10**9  # no boundary inside the checked steps
-    device = stabilizer.device
-    if device.type == "cuda":
+    cuda = stabilizer.device.type == "cuda"
+    method = "HostSyncCounter" + (' and torch.cuda.set_sync_debug_mode("error")' if cuda else "")
+    counter, error = HostSyncCounter(), None
+    if cuda:
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
-        try:
+    try:
+        with counter:
             for _ in range(steps):
                 stabilizer.step(compute_loss)
-            result = {"method": 'torch.cuda.set_sync_debug_mode("error")', "steps": steps,
-                      "passed": True, "error": None}
-        except RuntimeError as exc:
-            result = {"method": 'torch.cuda.set_sync_debug_mode("error")', "steps": steps,
-                      "passed": False, "error": str(exc)[:500]}
-        finally:
+    except RuntimeError as exc:
+        error = str(exc)[:500]
+    finally:
+        if cuda:
             torch.cuda.set_sync_debug_mode(0)
-        return result
-    with HostSyncCounter() as counter:
-        for _ in range(steps):
-            stabilizer.step(compute_loss)
-    return {"method": "HostSyncCounter (aten._local_scalar_dense)", "steps": steps,
-            "passed": counter.count == 0, "syncs": counter.count, "error": None}
+    return {"method": method, "steps": steps, "syncs": counter.count,
+            "passed": error is None and counter.count == 0, "error": error}
 
 
-def run(
-    size: str | None = None,
-    device: str | None = None,
-    batch_size: int | None = None,
-    seq_len: int | None = None,
-    steps_per_window: int = 10,
-    windows: int = 10,
-    warmup_steps: int = 5,
-    check_every: int = 100,
-    compile: bool = False,
-    dtype: str = "bf16",
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Time the three variants in one run; return a JSON-ready result.
+def run(size: str | None = None, device: str | None = None, batch_size: int | None = None,
+        seq_len: int | None = None, steps_per_window: int = 10, windows: int = 10, warmup_steps: int = 5,
+        max_warmup_steps: int = 100, check_every: int = 100, compile: bool = False,
+        compile_backend: str = "inductor", dtype: str = "bf16", seed: int = 0, command: str | None = None,
+        note: str | None = None) -> dict[str, Any]:
+    """Time the three variants in one run; return a results document of kind ``"stability"``.
 
     Args:
         size: GPT preset (``"tiny"`` on a CPU, ``"124m"`` on a GPU by default).
@@ -181,28 +152,33 @@ def run(
         seq_len: Tokens per sequence (the preset's block size by default).
         steps_per_window: Steps per timed window.
         windows: Timed windows per variant (interleaved).
-        warmup_steps: Untimed steps per variant first (compilation, allocator, kernels).
+        warmup_steps, max_warmup_steps: Each variant warms up for at least ``warmup_steps``, then
+            until two windows agree within 10% (:func:`~trainopt.perf.bench.timer.warm_up`),
+            for at most ``max_warmup_steps``.
         check_every: The stabilizer's boundary interval.
-        compile: Wrap each model copy in ``torch.compile``.
+        compile: Wrap each model copy in ``torch.compile`` (with ``compile_backend``).
         dtype: ``"bf16"`` (autocast) or ``"fp32"``.
         seed: Seed of the model and batch.
+        command, note: Recorded in ``meta``.
 
     Returns:
-        A dict with the configuration, the per-step medians (ms), the ratios to ``bare``, the
-        sync check, and the hardware and software versions.
+        ``config``, ``warmup`` per variant, ``window_ms`` (ms per step of each window) and
+        their ``ms_per_step`` medians, the ``ratios`` to ``bare``, the ``sync_check`` and the
+        ``goal_ratio``.
 
     Example:
         >>> from trainopt.perf.bench.stability import run
         >>> result = run(size="tiny", device="cpu", steps_per_window=2, windows=2, warmup_steps=1,
         ...              seq_len=16, batch_size=2)
-        >>> sorted(result["ms_per_step"]), result["sync_check"]["passed"]
-        (['bare', 'seed_style', 'stabilizer'], True)
+        >>> sorted(result["ms_per_step"]), result["sync_check"]["syncs"]
+        (['bare', 'seed_style', 'stabilizer'], 0)
     """
     device_ = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     size = size or ("124m" if device_.type == "cuda" else "tiny")
     if dtype not in ("bf16", "fp32"):
         raise ValueError(f"dtype must be 'bf16' or 'fp32', got {dtype=}")
-    for name, value in (("steps_per_window", steps_per_window), ("windows", windows)):
+    for name, value in (("steps_per_window", steps_per_window), ("windows", windows),
+                        ("max_warmup_steps", max_warmup_steps), ("warmup_steps", warmup_steps + 1)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
     autocast_dtype = torch.bfloat16 if dtype == "bf16" else None
@@ -217,7 +193,7 @@ def run(
     del base
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
                   for name, m in models.items()}
-    forward = {name: (torch.compile(m) if compile else m) for name, m in models.items()}
+    forward = {name: (torch.compile(m, backend=compile_backend) if compile else m) for name, m in models.items()}
     losses = {name: (lambda f=f: f(x, targets=y)) for name, f in forward.items()}
     stabilizer = TrainingStabilizer(models["stabilizer"], optimizers["stabilizer"], dtype=autocast_dtype,
                                     max_grad_norm=1.0, check_every=check_every)
@@ -228,132 +204,24 @@ def run(
         "seed_style": lambda: seed_style_step(models["seed_style"], optimizers["seed_style"],
                                               losses["seed_style"], autocast_dtype, history),
     }
-    for name in VARIANTS:
-        for _ in range(warmup_steps):
-            steps[name]()
-    mark, elapsed = _timer(device_)
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    for window in range(windows):
-        order = VARIANTS[window % 3:] + VARIANTS[:window % 3]  # rotate who goes first
-        for name in order:
-            if device_.type == "cuda":
-                torch.cuda.synchronize()
-            start = mark()
-            for _ in range(steps_per_window):
-                steps[name]()
-            end = mark()
-            times[name].append(elapsed(start, end) / steps_per_window)
+    warmup = {name: warm_up(steps[name], device_, min_steps=warmup_steps, window=steps_per_window,
+                            max_steps=max_warmup_steps) for name in VARIANTS}
+    times = {name: [s * 1e3 for s in per_step]
+             for name, per_step in interleaved_windows(steps, device_, steps_per_window, windows).items()}
     medians = {name: statistics.median(t) for name, t in times.items()}
-    sync = _sync_check(stabilizer, losses["stabilizer"])
-    return {
-        "benchmark": "stability",
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
-        "hardware": {
-            "device": device_.type,
-            "name": torch.cuda.get_device_name(device_) if device_.type == "cuda" else platform.processor() or platform.machine(),
-        },
-        "software": {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()},
+    results = new_results("stability", device_, command, note)
+    results.update({
         "config": {
             "model": f"GPT {size}", "parameters": models["bare"].num_parameters(), "batch_size": batch_size,
             "seq_len": seq_len, "dtype": dtype, "compile": compile, "optimizer": "AdamW(fused=True)",
-            "steps_per_window": steps_per_window, "windows": windows, "warmup_steps": warmup_steps,
-            "check_every": check_every,
+            "steps_per_window": steps_per_window, "windows": windows, "check_every": check_every,
         },
+        "warmup": warmup,
+        "window_ms": times,
         "ms_per_step": medians,
-        "ms_per_step_all_windows": times,
-        "ratios": {
-            "stabilizer/bare": medians["stabilizer"] / medians["bare"],
-            "seed_style/bare": medians["seed_style"] / medians["bare"],
-        },
-        "sync_check": sync,
-    }
-
-
-def stability_bench_table(path: str | Path) -> str:
-    """MyST Markdown for the page: the measured table, or a note that no GPU run exists yet.
-
-    Example:
-        >>> from trainopt.perf.bench.stability import stability_bench_table
-        >>> print(stability_bench_table("no/such/file.json").splitlines()[0])
-        *Not yet measured on a GPU.* ...
-    """
-    path = Path(path)
-    command = "`python -m trainopt.perf.bench.stability --out docs/_data/stability_bench.json`"
-    if not path.exists():
-        return f"*Not yet measured on a GPU.* Run {command} on a CUDA machine to fill this table.\n"
-    data = json.loads(path.read_text())
-    if data.get("hardware", {}).get("device") != "cuda":
-        return (f"*Not yet measured on a GPU.* The recorded run is a CPU smoke test "
-                f"({data['config']['model']}, {data['date']}); run {command} on a CUDA machine.\n")
-    ms, ratios, cfg = data["ms_per_step"], data["ratios"], data["config"]
-    sync = data["sync_check"]
-    rows = [
-        "| variant | ms per step (median) | ratio to bare |",
-        "| --- | ---: | ---: |",
-        f"| (a) bare step | {ms['bare']:.2f} | 1.000 |",
-        f"| (b) TrainingStabilizer | {ms['stabilizer']:.2f} | {ratios['stabilizer/bare']:.3f} |",
-        f"| (c) seed-style `.item()` monitoring | {ms['seed_style']:.2f} | {ratios['seed_style/bare']:.3f} |",
-        "",
-        f"{data['hardware']['name']}, torch {data['software']['torch']} (CUDA {data['software']['cuda']}), "
-        f"{data['date']}; {cfg['model']} ({cfg['parameters'] / 1e6:.0f}M parameters), batch "
-        f"{cfg['batch_size']} × {cfg['seq_len']} tokens, {cfg['dtype']} autocast, {cfg['optimizer']}, "
-        f"{'compiled' if cfg['compile'] else 'eager'}; median of {cfg['windows']} interleaved windows of "
-        f"{cfg['steps_per_window']} steps; stabilizer boundary every {cfg['check_every']} steps.",
-        "",
-        f"Sync check ({sync['method']}, {sync['steps']} steady-state stabilizer steps): "
-        f"{'no host sync' if sync['passed'] else 'FAILED: ' + str(sync['error'])}.",
-    ]
-    return "\n".join(rows) + "\n"
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m trainopt.perf.bench.stability``.
-
-    Example:
-        >>> from trainopt.perf.bench.stability import build_parser
-        >>> args = build_parser().parse_args(["--out", "bench.json", "--size", "tiny", "--windows", "2"])
-        >>> str(args.out), args.size, args.windows, args.steps_per_window, args.compile
-        ('bench.json', 'tiny', 2, 10, False)
-    """
-    parser = argparse.ArgumentParser(prog="python -m trainopt.perf.bench.stability", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    parser.add_argument("--size", choices=["tiny", "small", "124m", "350m"], default=None)
-    parser.add_argument("--device", choices=["cuda", "cpu"], default=None)
-    parser.add_argument("--compile", action="store_true")
-    parser.add_argument("--windows", type=int, default=10)
-    parser.add_argument("--steps-per-window", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--seq-len", type=int, default=None)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark, write the JSON, print the medians; exit 1 if the sync check failed.
-
-    Example:
-        >>> import json
-        >>> from pathlib import Path
-        >>> from trainopt.perf.bench.stability import main
-        >>> import contextlib, io, tempfile
-        >>> with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()) as out:
-        ...     code = main(["--out", f"{tmp}/bench.json", "--size", "tiny", "--device", "cpu",
-        ...                  "--batch-size", "2", "--seq-len", "16", "--windows", "1",
-        ...                  "--steps-per-window", "1"])
-        ...     written = json.loads(Path(tmp, "bench.json").read_text())
-        >>> code, json.loads(out.getvalue())["sync_check"], written["config"]["model"]
-        (0, True, 'GPT tiny')
-    """
-    args = build_parser().parse_args(argv)
-    result = run(size=args.size, device=args.device, compile=args.compile, windows=args.windows,
-                 steps_per_window=args.steps_per_window, batch_size=args.batch_size, seq_len=args.seq_len)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({"ms_per_step": result["ms_per_step"], "ratios": result["ratios"],
-                      "sync_check": result["sync_check"]["passed"]}, indent=2))
-    return 0 if result["sync_check"]["passed"] else 1
-
-
-if __name__ == "__main__":
-    from trainopt.config.cli import run_command
-
-    sys.exit(run_command(main))
+        "ratios": {"stabilizer/bare": medians["stabilizer"] / medians["bare"],
+                   "seed_style/bare": medians["seed_style"] / medians["bare"]},
+        "goal_ratio": STABILITY_GOAL_RATIO,
+        "sync_check": _sync_check(stabilizer, losses["stabilizer"]),
+    })
+    return results
