@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -106,10 +107,17 @@ def test_the_command_prints_no_traceback(tmp_path: Path, text: str | None, name:
     assert result.stderr.startswith(f"error: {name}: ") and result.stderr.count("\n") == 1, result.stderr
 
 
+@pytest.fixture(autouse=True)
+def _forget_the_module() -> Iterator[None]:
+    """The page imports its own ``my_train`` in the same test process: leave no module of this name behind."""
+    yield
+    sys.modules.pop("my_quadratic", None)
+
+
 def _my_project(tmp_path: Path) -> Path:
-    (tmp_path / "my_train.py").write_text(MY_TRAIN)
+    (tmp_path / "my_quadratic.py").write_text(MY_TRAIN)
     (tmp_path / "my_tuning.yaml").write_text(yaml.safe_dump({
-        "objective": "my_train:objective",
+        "objective": "my_quadratic:objective",
         "study": {"directions": ["minimize", "maximize"], "sampler": "random", "pruner": None, "heartbeat": 5},
         "fixed": {"target": 0.3},
         "search_space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
@@ -121,7 +129,7 @@ def test_the_config_names_your_objective_and_passes_it_fixed_and_tuned_params(tm
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(_my_project(tmp_path)))
     config = load_hpo_config(tmp_path / "my_tuning.yaml")
-    assert config.objective == "my_train:objective" and config.directions == ("minimize", "maximize")
+    assert config.objective == "my_quadratic:objective" and config.directions == ("minimize", "maximize")
     study = tune(config.make_objective(), config.space, 6, storage=":memory:", directions=config.directions,
                  sampler=config.sampler, pruner=config.make_pruner())
     for trial in study.trials:
@@ -134,7 +142,7 @@ def test_the_digits_settings_are_refused_with_your_own_objective(tmp_path: Path,
                                                                   text: str, field: str) -> None:
     monkeypatch.syspath_prepend(str(_my_project(tmp_path)))
     config = tmp_path / "mixed.yaml"
-    config.write_text("objective: my_train:objective\n" + text + SPACE)
+    config.write_text("objective: my_quadratic:objective\n" + text + SPACE)
     _one_line(_error(tmp_path, [str(config), "--n-trials", "2"]), field, "digits example")
 
 

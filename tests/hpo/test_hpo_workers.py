@@ -115,6 +115,7 @@ def _create(folder: Path, url: str, names: list[str], n_trials: int) -> str:
         config = load_hpo_config(folder / "workers.yaml")
     finally:
         sys.path.remove(str(folder))
+        sys.modules.pop("tuning_objective", None)  # each test's workers have their own folder
     create_study(name, n_trials, url, directions=config.directions, sampler=config.sampler,
                  pruner=config.make_pruner(), seed=config.seed, heartbeat=config.heartbeat)
     return name
