@@ -25,6 +25,7 @@ from trainopt.hpo import (
     TrialDiverged,
     TrialReporter,
     create_study,
+    load_hpo_config,
     load_search_space,
     lr_bounds_from_finder,
     make_pruner,
@@ -35,7 +36,6 @@ from trainopt.hpo import (
     seed_lr_range,
     tune,
 )
-from trainopt.hpo.cli import load_hpo_config
 from trainopt.hpo.digits import digits_objective, train_digits
 from trainopt.hpo.plots import plot_history, plot_importances, plot_intermediate, plot_pareto, save_plots
 from trainopt.models import digits_data
@@ -322,7 +322,7 @@ def test_a_bug_in_the_objective_is_recorded_then_raised() -> None:
 
 
 def test_median_pruner_stops_a_bad_digits_trial_early() -> None:
-    study = optuna.create_study(pruner=make_pruner("median", n_startup_trials=2))
+    study = optuna.create_study(storage=open_storage(":memory:"), pruner=make_pruner("median", n_startup_trials=2))
     for lr in (1e-2, 3e-3, 1e-4):  # 1e-4 is far too small for 60 steps: worse than the median
         study.enqueue_trial({"lr": lr})
     run_worker(study, SearchSpace.from_dict({"lr": LR}), partial(digits_objective, steps=60, report_every=10))

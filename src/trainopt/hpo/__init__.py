@@ -4,15 +4,21 @@
   (:class:`~trainopt.hpo.space.SearchSpace`), the edge check
   (:func:`~trainopt.hpo.space.params_at_edge`), learning-rate bounds from an LR range test
   (:func:`~trainopt.hpo.space.seed_lr_range`).
-- :mod:`~trainopt.hpo.study`: samplers, pruners, storages, an exact trial budget shared by
-  any number of workers (:func:`~trainopt.hpo.study.create_study`,
-  :func:`~trainopt.hpo.study.run_worker`, :func:`~trainopt.hpo.study.tune`).
+- :mod:`~trainopt.hpo.config`: the tuning config, which names your objective
+  (:func:`~trainopt.hpo.config.load_hpo_config`).
+- :mod:`~trainopt.hpo.study`: samplers, pruners, an exact trial budget
+  (:func:`~trainopt.hpo.study.create_study`, :func:`~trainopt.hpo.study.tune`).
+- :mod:`~trainopt.hpo.workers`: the worker loop that any number of processes share
+  (:func:`~trainopt.hpo.workers.run_worker`).
+- :mod:`~trainopt.hpo.storage`: storages with atomic claims and heartbeats, so that a dead
+  worker's trial runs again (:func:`~trainopt.hpo.storage.open_storage`).
 - :mod:`~trainopt.hpo.reporter`: :class:`~trainopt.hpo.reporter.TrialReporter`, the training loop's side.
 - :mod:`~trainopt.hpo.digits`: the examples' task (AdamW on the digits MLP).
 - :mod:`~trainopt.hpo.plots`: history, importances, learning curves, Pareto front.
 - ``python -m trainopt.hpo CONFIG --n-trials N``: the command line (:mod:`~trainopt.hpo.cli`).
 """
 
+from trainopt.hpo.config import HPOConfig, load_hpo_config, load_objective
 from trainopt.hpo.reporter import TrialDiverged, TrialReporter
 from trainopt.hpo.space import (
     ParamSpec,
@@ -22,21 +28,22 @@ from trainopt.hpo.space import (
     params_at_edge,
     seed_lr_range,
 )
+from trainopt.hpo.storage import open_storage
 from trainopt.hpo.study import (
     PRUNERS,
     SAMPLERS,
     best_trials_text,
+    budget_trials,
     create_study,
     make_pruner,
     make_sampler,
-    open_storage,
-    run_trial,
-    run_worker,
     tune,
 )
+from trainopt.hpo.workers import run_trial, run_worker
 
 __all__ = [
-    "PRUNERS", "SAMPLERS", "ParamSpec", "SearchSpace", "TrialDiverged", "TrialReporter",
-    "best_trials_text", "create_study", "load_search_space", "lr_bounds_from_finder", "make_pruner",
-    "make_sampler", "open_storage", "params_at_edge", "run_trial", "run_worker", "seed_lr_range", "tune",
+    "PRUNERS", "SAMPLERS", "HPOConfig", "ParamSpec", "SearchSpace", "TrialDiverged", "TrialReporter",
+    "best_trials_text", "budget_trials", "create_study", "load_hpo_config", "load_objective", "load_search_space",
+    "lr_bounds_from_finder", "make_pruner", "make_sampler", "open_storage", "params_at_edge", "run_trial",
+    "run_worker", "seed_lr_range", "tune",
 ]
