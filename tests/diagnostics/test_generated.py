@@ -6,12 +6,14 @@ import math
 import re
 import statistics
 from collections import defaultdict
+from functools import partial
 
 import pytest
 
 from trainopt.diagnostics import diagnose
 from trainopt.diagnostics.findings import BLOW_UPS
 from trainopt.diagnostics.generate import CAUSES, FITTING, OPTIMIZERS, SETTINGS, RunSpec, generate_run
+from trainopt.schedules import cosine_annealing
 
 HIT_RATE = 0.9
 
@@ -104,6 +106,25 @@ def test_a_generated_run_is_reproducible_and_logs_its_learning_rate() -> None:
     first, again = generate_run("high_momentum", "sgd", hidden=16, seed=3, steps=20), generate_run(
         "high_momentum", "sgd", hidden=16, seed=3, steps=20)
     assert first == again and {r["lr"] for r in first} == {0.02}
+
+
+def test_a_schedule_sets_the_learning_rate_each_step_uses() -> None:
+    schedule = partial(cosine_annealing, total_steps=20, warmup_steps=5, min_ratio=0.1)
+    records = generate_run("healthy", "sgd", hidden=16, steps=25, schedule=schedule)
+    assert [r["lr"] for r in records] == pytest.approx([0.05 * schedule(t) for t in range(25)])
+    assert records[0]["lr"] == 0.0 and records[5]["lr"] == pytest.approx(0.05)
+
+
+def test_decaying_the_learning_rate_settles_every_high_momentum_run() -> None:
+    """The troubleshooting page's fix for an oscillating loss, on every width and initialisation."""
+    decay = partial(cosine_annealing, total_steps=300, min_ratio=0.01)
+    for hidden in (32, 128):
+        for seed in (0, 1, 2):
+            swinging = generate_run("high_momentum", "sgd", hidden=hidden, seed=seed)
+            decayed = generate_run("high_momentum", "sgd", hidden=hidden, seed=seed, schedule=decay)
+            assert diagnose(swinging, classes=10) != [] and diagnose(decayed, classes=10) == [], (hidden, seed)
+            end = [statistics.median(r["loss"] for r in run[-50:]) for run in (swinging, decayed)]
+            assert end[1] < end[0] / 10, (hidden, seed, end)
 
 
 def test_an_unknown_cause_or_a_pair_that_is_not_generated_is_rejected() -> None:

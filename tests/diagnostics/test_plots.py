@@ -59,4 +59,6 @@ def test_the_blow_up_figure_marks_the_first_finding_and_what_is_tied_to_it() -> 
 def test_the_page_shows_what_diagnose_says_of_the_fresh_blow_up() -> None:
     text = blow_up_diagnosis()
     assert text.startswith("```text\nloss_explosion") or text.startswith("```text\ngradient_explosion")
-    assert "collapsed after the" in text and "a higher learning rate would make it worse" in text
+    assert all(len(line) <= 88 for line in text.splitlines())  # no sideways scrolling
+    prose = " ".join(text.split())
+    assert "collapsed after the" in prose and "a higher learning rate would make it worse" in prose

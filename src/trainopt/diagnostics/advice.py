@@ -39,13 +39,16 @@ _ROLL_BACK = "trainopt.stability.TrainingRecovery"
 
 ADVICE: dict[str, Advice] = {
     "nan_inf": Advice(
-        "an overflow (fp16 without loss scaling, a learning rate far too high) or a NaN in the data",
-        "find the first bad step; scale fp16 losses with trainopt.stability.DynamicLossScaler, which "
-        "skips steps whose gradients overflow; check the batch for NaN",
+        "a NaN or Inf in the data, an operation outside its domain (log(0), 0/0), or an fp16 overflow",
+        "check the batch of the first bad step with torch.isfinite: drop or repair a bad sample and "
+        "check the data where it is loaded; run the step under torch.autograd.detect_anomaly() to find "
+        "an operation that makes NaN; with fp16, a loss scaler (trainopt.stability.DynamicLossScaler) "
+        "skips the steps whose gradients overflow, and bf16 has fp32's range",
         f"{GUIDE}#nan-or-inf", None),
     "loss_explosion": Advice(
         "one or a few updates far too large: a learning-rate spike, a bad batch, no clipping",
-        f"clip with {_CLIP}, lower the peak learning rate, and roll back with {_ROLL_BACK}",
+        f"clip with {_CLIP}, lower the peak learning rate, and roll back with {_ROLL_BACK} "
+        "(its skip_batches skips the data around the spike)",
         f"{GUIDE}#loss-explosion", "lower"),
     "gradient_explosion": Advice(
         "outlier batches or an unstable layer produce gradients many times their usual size",
@@ -58,17 +61,19 @@ ADVICE: dict[str, Advice] = {
         "with trainopt.schedules.cosine_annealing_schedule(optimizer, total_steps, warmup_steps)",
         f"{GUIDE}#loss-diverging", "lower"),
     "oscillating": Advice(
-        "the learning rate or the momentum is a little too high for the curvature, or batches are too small",
+        "steps too large for this stage of training: a learning rate (with SGD, a momentum) too high "
+        "to settle, or batches too small and noisy",
         "decay the learning rate (trainopt.schedules.cosine_annealing_schedule) or lower it; "
         "with SGD, a momentum of 0.9 rather than 0.99; a larger batch lowers the noise",
         f"{GUIDE}#oscillating-loss", "lower"),
     "plateau": Advice(
         "updates too small to change the loss: a tiny or fully decayed learning rate",
-        "check the learning rate actually applied (trainopt.schedules.LRMonitor); raise it, or "
-        "restart it with trainopt.schedules.CyclicalLearningRate",
+        "check the learning rate actually applied (trainopt.schedules.LRMonitor); raise it to a "
+        "range test's suggestion (trainopt.schedules.LearningRateFinder)",
         f"{GUIDE}#plateau", "raise"),
     "slow_convergence": Advice(
-        "the learning rate is too small, or decays too early",
+        "the learning rate is too small (a run at a higher rate gets further in the same steps), "
+        "or it decays too early",
         "run a range test (trainopt.schedules.LearningRateFinder) and raise the rate to its "
         "suggestion; decay later (trainopt.schedules.wsd_schedule)",
         f"{GUIDE}#slow-convergence", "raise"),
@@ -112,8 +117,8 @@ _RESTART = (
 AFTER_BLOW_UP: dict[str, Advice] = {
     "nan_inf": Advice(
         "the {blow_up} kept growing until the values overflowed",
-        f"fix the blow-up first: lower the learning rate and clip ({_CLIP}); "
-        "trainopt.stability.DynamicLossScaler skips the steps that overflow", f"{GUIDE}#nan-or-inf", "lower"),
+        f"fix the blow-up first: lower the learning rate and clip ({_CLIP}); skipping the "
+        "non-finite steps would only hide it", f"{GUIDE}#nan-or-inf", "lower"),
     "loss_explosion": Advice(
         "the {blow_up} made updates far too large, and they damaged the weights",
         f"clip ({_CLIP}), lower the learning rate, and roll back with {_ROLL_BACK}",

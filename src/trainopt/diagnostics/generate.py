@@ -15,13 +15,16 @@ The causes, with SGD (momentum 0.9; healthy at lr 0.05) or AdamW (healthy at lr 
 - ``gradient_spike``: one batch from a corrupt shard (features 30x, labels shifted) at a step
   in the middle third of the run.
 - ``nan_sample``: one sample with a NaN feature, at a step in the middle third.
-- ``high_momentum`` (SGD only): momentum 0.99 at lr 0.02, an effective step four times the
-  healthy one: the loss swings and spikes.
+- ``high_momentum`` (SGD only): momentum 0.99 at lr 0.02, an effective step
+  ``lr / (1 - momentum)`` four times the healthy one: the loss swings and spikes.
+
+A ``schedule`` trains the same run with its learning rate scheduled: what a fix does to it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -90,7 +93,7 @@ def _fault_step(seed: int, steps: int) -> int:
 
 def generate_run(
     cause: str = "healthy", optimizer: str = "sgd", hidden: int = 128, seed: int = 0, steps: int = 300,
-    batch_size: int = 64,
+    batch_size: int = 64, schedule: Callable[[int], float] | None = None,
 ) -> list[dict[str, Any]]:
     """Train the digits MLP with a known ``cause`` of trouble; return one record per step.
 
@@ -101,15 +104,26 @@ def generate_run(
         seed: Seeds the model, the batches and the step of a fault.
         steps: Optimizer steps.
         batch_size: Samples per step.
+        schedule: A learning-rate multiplier ``step -> float`` (a pure schedule of
+            :mod:`trainopt.schedules`, e.g. ``cosine_annealing`` with its counts bound), applied
+            through ``torch.optim.lr_scheduler.LambdaLR``; None keeps the rate constant. It
+            shows what a fix does to a run with a known cause.
 
     Returns:
-        Records ``{"step", "loss", "grad_norm", "lr"}``, the gradient norm taken before the step.
+        Records ``{"step", "loss", "grad_norm", "lr"}``: the gradient norm taken before the step,
+        the learning rate the step used.
 
     Example:
+        >>> from functools import partial
         >>> from trainopt.diagnostics.generate import generate_run
+        >>> from trainopt.schedules import cosine_annealing
         >>> records = generate_run("lr_too_high", "sgd", steps=12)
         >>> sorted(records[0]), records[0]["loss"] < 2.5 < max(r["loss"] for r in records)
         (['grad_norm', 'loss', 'lr', 'step'], True)
+        >>> decayed = generate_run("healthy", "sgd", steps=12,
+        ...                        schedule=partial(cosine_annealing, total_steps=12))
+        >>> decayed[0]["lr"], decayed[-1]["lr"] < decayed[0]["lr"] / 50
+        (0.05, True)
     """
     if (cause, optimizer) not in SETTINGS:
         raise ValueError(f"(cause, optimizer) must be one of {sorted(SETTINGS)}, got {(cause, optimizer)!r}")
@@ -124,9 +138,10 @@ def generate_run(
         params = list(model.parameters())
         opt = (torch.optim.SGD(params, lr=lr, momentum=momentum) if optimizer == "sgd"
                else torch.optim.AdamW(params, lr=lr))
+        scheduler = None if schedule is None else torch.optim.lr_scheduler.LambdaLR(opt, schedule)
         batches = torch.Generator().manual_seed(seed)
         fault = _fault_step(seed, steps)
-        losses, norms = [], []
+        losses, norms, rates = [], [], []
         for step in range(steps):
             idx = torch.randint(0, len(x), (batch_size,), generator=batches)
             xb, yb = x[idx], y[idx]
@@ -139,10 +154,13 @@ def generate_run(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             norms.append(torch.nn.utils.clip_grad_norm_(params, math.inf))  # the norm only: no clipping
+            rates.append(opt.param_groups[0]["lr"])  # a Python float: no sync
             opt.step()
+            if scheduler is not None:
+                scheduler.step()
             losses.append(loss.detach())
     finally:
         torch.set_num_threads(threads)
     # Read on the host once, at the end: the loop itself makes no host-device sync.
     loss_values, norm_values = torch.stack(losses).tolist(), torch.stack(norms).tolist()
-    return [{"step": t, "loss": loss_values[t], "grad_norm": norm_values[t], "lr": lr} for t in range(steps)]
+    return [{"step": t, "loss": loss_values[t], "grad_norm": norm_values[t], "lr": rates[t]} for t in range(steps)]

@@ -7,6 +7,7 @@ with text of at least 9 points, so no label is smaller than 9 px where it is dis
 from __future__ import annotations
 
 import math
+import textwrap
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ def findings_table(runs_dir: str | Path | None = None) -> str:
     Example:
         >>> from trainopt.diagnostics.plots import findings_table
         >>> print(findings_table().splitlines()[2])
-        | `healthy` | none | — |
+        | `healthy` | none (Adam, lr 2e-3) | — |
     """
     from trainopt.diagnostics.symptoms import diagnose
 
@@ -67,7 +68,7 @@ def runs_figure(runs_dir: str | Path | None = None,
         raise ValueError(f"faults must name 1 to 3 runs (more would not be readable), got {faults=}")
     runs_dir = path("runs") if runs_dir is None else runs_dir
     with plt.rc_context(_STYLE):
-        fig, axes = plt.subplots(2, len(faults), figsize=(WIDTH_IN, 4.4), sharex=True, squeeze=False)
+        fig, axes = plt.subplots(2, len(faults), figsize=(WIDTH_IN, 3.9), sharex=True, squeeze=False)
         for column, fault in enumerate(faults):
             records = load_records(Path(runs_dir) / f"{fault}.jsonl")
             steps = [r["step"] for r in records]
@@ -96,8 +97,14 @@ def _fresh(cause: str, optimizer: str, hidden: int, seed: int) -> tuple[dict[str
     return tuple(generate_run(cause, optimizer, hidden, seed))
 
 
+TEXT_COLUMNS = 88
+"""Widest line of a text block on the page: it fits the content column without scrolling."""
+
+
 def blow_up_diagnosis(cause: str = "lr_too_high", optimizer: str = "sgd", hidden: int = 128, seed: int = 0) -> str:
     """What :func:`diagnose` says of a fresh generated run, as a MyST ``text`` block (built with the page).
+
+    Each finding prints as ``str(finding)`` does, its lines wrapped at :data:`TEXT_COLUMNS`.
 
     Example:
         >>> from trainopt.diagnostics.plots import blow_up_diagnosis
@@ -108,7 +115,9 @@ def blow_up_diagnosis(cause: str = "lr_too_high", optimizer: str = "sgd", hidden
     from trainopt.diagnostics.symptoms import diagnose
 
     findings = diagnose(list(_fresh(cause, optimizer, hidden, seed)), classes=10)
-    return "```text\n" + "\n".join(str(f) for f in findings) + "\n```\n"
+    lines = [textwrap.fill(line, TEXT_COLUMNS, subsequent_indent="    ", break_long_words=False,
+                           break_on_hyphens=False) for f in findings for line in str(f).splitlines()]
+    return "```text\n" + "\n".join(lines) + "\n```\n"
 
 
 def blow_up_figure(cause: str = "lr_too_high", optimizer: str = "sgd", hidden: int = 128, seed: int = 0) -> Any:
@@ -135,7 +144,7 @@ def blow_up_figure(cause: str = "lr_too_high", optimizer: str = "sgd", hidden: i
     first = findings[0] if findings else None
     tied = [f for f in findings if f.after is not None]
     with plt.rc_context(_STYLE):
-        fig, axes = plt.subplots(2, 2, figsize=(WIDTH_IN, 4.8), sharex="col", sharey="row")
+        fig, axes = plt.subplots(2, 2, figsize=(WIDTH_IN, 4.4), sharex="col", sharey="row")
         for column, last in enumerate((40, len(records))):
             for row, key in enumerate(("loss", "grad_norm")):
                 ax = axes[row][column]

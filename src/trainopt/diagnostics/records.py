@@ -37,10 +37,22 @@ ALIASES: dict[str, tuple[str, float]] = {
     "memory_reserved": ("memory_reserved_bytes", 1.0),
     "max_memory": ("memory_total_bytes", 1.0),
 }
+"""``key -> (the name ThroughputMonitor writes, factor to the key's unit)``."""
 
 
-def _column(records: list[dict[str, Any]], key: str) -> np.ndarray | None:
-    """The values of ``key`` as floats (NaN where missing or unreadable), or None if no record has it."""
+def column(records: list[dict[str, Any]], key: str) -> np.ndarray | None:
+    """The values of ``key`` as floats (NaN where missing or unreadable), or None if no record has it.
+
+    A key that no record has is read from its alias in :data:`ALIASES` (the names
+    :class:`~trainopt.perf.ThroughputMonitor` writes), converted to seconds or bytes.
+
+    Example:
+        >>> from trainopt.diagnostics.records import column
+        >>> column([{"loss": 2.3}, {"loss": None}, {}], "loss").tolist()
+        [2.3, nan, nan]
+        >>> column([{"step_time_median_ms": 250.0}], "step_time").tolist(), column([{}], "lr")
+        ([0.25], None)
+    """
     factor = 1.0
     if not any(key in r for r in records):
         if key not in ALIASES or not any(ALIASES[key][0] in r for r in records):

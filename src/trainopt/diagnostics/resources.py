@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from trainopt.diagnostics.findings import Finding, finding
-from trainopt.diagnostics.records import _column
+from trainopt.diagnostics.records import column
 
 
 def memory_checks(records: list[dict[str, Any]], steps: np.ndarray, opts: dict[str, float]) -> list[Finding]:
@@ -24,10 +24,10 @@ def memory_checks(records: list[dict[str, Any]], steps: np.ndarray, opts: dict[s
         >>> [f.symptom for f in memory_checks(records, np.arange(100), DEFAULTS)]
         ['out_of_memory']
     """
-    capacity = _column(records, "max_memory")
-    used = _column(records, "memory_reserved")
+    capacity = column(records, "max_memory")
+    used = column(records, "memory_reserved")
     if used is None or np.all(np.isnan(used)):
-        used = _column(records, "memory_allocated")
+        used = column(records, "memory_allocated")
     if capacity is None or used is None or np.all(np.isnan(used)) or np.all(np.isnan(capacity)):
         return []
     fraction = used / np.nanmax(capacity)
@@ -55,9 +55,9 @@ def speed_checks(records: list[dict[str, Any]], steps: np.ndarray, opts: dict[st
         ('slow_training', True)
     """
     findings = []
-    step_time = _column(records, "step_time")
+    step_time = column(records, "step_time")
     if step_time is None:
-        throughput = _column(records, "tokens_per_s")
+        throughput = column(records, "tokens_per_s")
         step_time = 1.0 / throughput if throughput is not None else None
     if step_time is not None and len(step_time) >= 20:
         skip = max(1, len(step_time) // 20)  # the first steps include warm-up (allocation, compilation)
@@ -72,7 +72,7 @@ def speed_checks(records: list[dict[str, Any]], steps: np.ndarray, opts: dict[st
             findings.append(finding("slow_training", steps[at], (
                 f"the median step time rose {best_ratio:.1f}x at step {steps[at]}: "
                 f"{np.nanmedian(times[:best_split]) * 1e3:.3g} ms before, {np.nanmedian(times[best_split:]) * 1e3:.3g} ms after")))
-    comm = _column(records, "comm_time")
+    comm = column(records, "comm_time")
     if comm is not None and step_time is not None:
         share = float(np.nanmedian(comm / step_time))
         if share > opts["comm_fraction"]:

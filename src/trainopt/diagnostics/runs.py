@@ -44,18 +44,19 @@ FAULTS = (
 
 
 FAULT_DESCRIPTIONS: dict[str, str] = {
-    "healthy": "none",
-    "diverging": "Adam's learning rate ramps up to 100x the healthy one",
-    "slow_convergence": "plain SGD, learning rate 0.01",
-    "plateau": "plain SGD, learning rate 1e-6",
-    "oscillating": "Adam, learning rate 10x the healthy one",
-    "loss_explosion": "learning rate 300x for 3 steps at step 150",
-    "gradient_explosion": "every 40th batch unnormalised (x30), gradients clipped at 1",
-    "nan_inf": "one NaN feature at step 200",
-    "out_of_memory": "each step keeps outputs with their autograd graph",
-    "slow_training": "from step 150, batches jittered in a Python loop",
-    "comm_overhead": "gradients all-reduced in ~1,000 small messages",
+    "healthy": "none (Adam, lr 2e-3)",
+    "diverging": "Adam, lr ramps to 100x",
+    "slow_convergence": "plain SGD, lr 0.01",
+    "plateau": "plain SGD, lr 1e-6",
+    "oscillating": "Adam, lr 10x",
+    "loss_explosion": "lr 300x at steps 150-152",
+    "gradient_explosion": "every 40th batch x30",
+    "nan_inf": "a NaN feature at step 200",
+    "out_of_memory": "graphs kept each step",
+    "slow_training": "slow data from step 150",
+    "comm_overhead": "~1,000 all-reduces a step",
 }
+"""What each fault does, in a few words (the page's table); the module docstring says more."""
 
 
 def _optimizer(fault: str, params: Any) -> tuple[torch.optim.Optimizer, float]:

@@ -42,10 +42,10 @@ from trainopt.diagnostics.causes import root_cause_first
 from trainopt.diagnostics.dynamics import loss_dynamics
 from trainopt.diagnostics.explosions import gradient_explosion, loss_explosion, overflowed
 from trainopt.diagnostics.findings import SYMPTOMS, Finding, finding
-from trainopt.diagnostics.records import _column, load_records
+from trainopt.diagnostics.records import column, load_records
 from trainopt.diagnostics.resources import memory_checks, speed_checks
 
-__all__ = ["DEFAULTS", "SYMPTOMS", "Finding", "diagnose"]
+__all__ = ["DEFAULTS", "SYMPTOMS", "Finding", "diagnose", "expected_loss", "first_nonfinite"]
 
 DEFAULTS: dict[str, float] = {
     "spike_sigmas": 10.0, "loss_spike_ratio": 1.0, "grad_spike_ratio": 10.0, "diverge_fraction": 0.2,
@@ -55,12 +55,29 @@ DEFAULTS: dict[str, float] = {
 """The thresholds of :func:`diagnose`; each can be overridden by keyword."""
 
 
-def _first_bad(values: np.ndarray) -> int | None:
+def first_nonfinite(values: np.ndarray) -> int | None:
+    """The index of the first NaN or infinite value, or None if every value is finite.
+
+    Example:
+        >>> import numpy as np
+        >>> from trainopt.diagnostics.symptoms import first_nonfinite
+        >>> first_nonfinite(np.array([2.3, 1.9, np.inf, np.nan])), first_nonfinite(np.ones(3))
+        (2, None)
+    """
     bad = np.flatnonzero(~np.isfinite(values))
     return int(bad[0]) if len(bad) else None
 
 
-def _expected_loss(classes: int | None, initial_loss: float | None) -> float | None:
+def expected_loss(classes: int | None, initial_loss: float | None) -> float | None:
+    """The loss a fresh model should start at: ``initial_loss``, else ``log(classes)``, else None.
+
+    ``log(classes)`` is the cross-entropy of a uniform guess over ``classes`` classes.
+
+    Example:
+        >>> from trainopt.diagnostics.symptoms import expected_loss
+        >>> round(expected_loss(10, None), 4), expected_loss(10, 0.7), expected_loss(None, None)
+        (2.3026, 0.7, None)
+    """
     if initial_loss is not None:
         if not math.isfinite(initial_loss):
             raise ValueError(f"initial_loss must be finite, got {initial_loss=}")
@@ -116,17 +133,17 @@ def diagnose(
     if unknown:
         raise ValueError(f"unknown thresholds {sorted(unknown)}; allowed: {sorted(DEFAULTS)}")
     opts = {**DEFAULTS, **thresholds}
-    expected = _expected_loss(classes, initial_loss)
+    expected = expected_loss(classes, initial_loss)
     records = load_records(source) if isinstance(source, (str, Path)) else list(source)
     if not records:
         return []
-    step_col = _column(records, "step")
+    step_col = column(records, "step")
     steps = (np.arange(len(records)) if step_col is None or np.isnan(step_col).any() else step_col).astype(int)
     findings: list[Finding] = []
-    loss, grad = _column(records, "loss"), _column(records, "grad_norm")
+    loss, grad = column(records, "loss"), column(records, "grad_norm")
     end = len(records)
     for name, values in (("loss", loss), ("grad_norm", grad)):
-        bad = _first_bad(values) if values is not None else None
+        bad = first_nonfinite(values) if values is not None else None
         if bad is not None and bad < end:
             end = bad
             findings = [finding("nan_inf", steps[bad], f"{name} is {values[bad]} at step {steps[bad]}")]
