@@ -1,0 +1,123 @@
+"""The suite catches breaks: each deliberate break of ``src/`` fails at least one named test.
+
+Each mutation below is applied to a scratch copy of ``src/``; the tests that should catch it run
+against that copy (``PYTHONPATH`` puts it first, and every process the tests start inherits it)
+and must fail. The text a mutation replaces must occur exactly once, so a mutation can't go stale
+silently when the code changes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # relative to src/trainopt
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest node ids, relative to the repository root
+
+
+MUTATIONS = [
+    Mutation(
+        "the clipping factor is not clamped to 1 (small gradients are scaled up)",
+        "stability/clipping.py",
+        """    return torch.nn.utils.clip_grad_norm_(
+        _params(model_or_params), max_norm, norm_type, error_if_nonfinite, foreach
+    )""",
+        """    params = [p for p in _params(model_or_params) if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
+    for p in params:
+        p.grad.mul_(max_norm / (norm + 1e-6))
+    return norm""",
+        ("tests/stability/test_clipping_by_hand.py",),
+    ),
+    Mutation(
+        "the on-device clipping coefficient is not clamped to 1",
+        "stability/clipping.py",
+        "coef = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)",
+        "coef = max_norm / (total_norm + 1e-6)",
+        ("tests/stability/test_clipping_by_hand.py", "tests/stability/test_clipping.py"),
+    ),
+    Mutation(
+        "the median pruner sees only its own worker's trials",
+        "hpo/study.py",
+        "        return optuna.pruners.MedianPruner(n_startup_trials=n_startup_trials, n_warmup_steps=n_warmup_steps)",
+        """        class OwnWorkerMedian(optuna.pruners.MedianPruner):
+            def prune(self, study, trial):
+                me, every = trial.user_attrs.get("worker"), study.get_trials
+                study.get_trials = lambda *a, **k: [t for t in every(*a, **k)
+                                                    if t.user_attrs.get("worker") == me]
+                try:
+                    return super().prune(study, trial)
+                finally:
+                    del study.get_trials
+
+        return OwnWorkerMedian(n_startup_trials=n_startup_trials, n_warmup_steps=n_warmup_steps)""",
+        ("tests/hpo/test_hpo_workers.py::test_two_workers_run_the_budget_and_prune_with_each_others_results[sqlite]",),
+    ),
+    Mutation(
+        "a skipped first step leaves its new state at zero",
+        "stability/skip.py",
+        "            initial = overrides[key](value) if key in overrides else state.initial[key]",
+        "            initial = torch.zeros_like(value)",
+        ("tests/stability/test_skip.py",),
+    ),
+    Mutation(
+        "the speed-up is inverted (baseline over candidate)",
+        "perf/bench/harness.py",
+        "        ratio = b[\"tokens_per_s\"] / a[\"tokens_per_s\"]",
+        "        ratio = a[\"tokens_per_s\"] / b[\"tokens_per_s\"]",
+        ("tests/perf/bench/test_bench.py::test_speedup_is_candidate_over_baseline_throughput",),
+    ),
+    Mutation(
+        "the stabilizer's step reads the skip flag on the host (a sync)",
+        "stability/stabilizer.py",
+        "        found_inf = skip.to(torch.float32)\n",
+        "        found_inf = skip.to(torch.float32)\n        _ = bool(found_inf)\n",
+        ("tests/stability/test_sync_free.py",),
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def pristine() -> Path:
+    return ROOT / "src"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda m: m.name)
+def test_the_suite_catches_the_break(mutation: Mutation, pristine: Path, tmp_path: Path) -> None:
+    target = pristine / "trainopt" / mutation.path
+    text = target.read_text()
+    assert text.count(mutation.old) == 1, f"the mutation of {mutation.path} no longer matches the code"
+    scratch = tmp_path / "src"
+    shutil.copytree(pristine, scratch, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    (scratch / "trainopt" / mutation.path).write_text(text.replace(mutation.old, mutation.new))
+    env = {**os.environ, "PYTHONPATH": str(scratch)}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:randomly", *mutation.tests],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )
+    # 1: tests ran and failed. 0 would mean the break went unnoticed; 2-5 a broken invocation.
+    assert result.returncode == 1, (
+        f"{mutation.name}: pytest exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-2000:]}")
+    assert " failed" in result.stdout.splitlines()[-1], result.stdout[-2000:]
+    caught = [line.split(" - ")[0].removeprefix("FAILED ") for line in result.stdout.splitlines()
+              if line.startswith("FAILED ")]
+    assert caught, result.stdout[-2000:]
+    log = ROOT / "test-artifacts" / "mutations.txt"
+    log.parent.mkdir(exist_ok=True)
+    with log.open("a") as out:
+        out.write(f"{mutation.name}: caught by {caught[0]}\n")
