@@ -232,9 +232,13 @@ def _call(directive: SphinxDirective) -> Any:
     args: list[Any] = []
     if "data" in directive.options:
         data = Path(directive.env.srcdir) / directive.options["data"]
-        # A results file not recorded yet: depend on its folder, whose time changes when it appears
-        # (a missing dependency would make Sphinx re-read the page on every build).
-        directive.env.note_dependency(str(data if data.exists() else data.parent))
+        if data.exists():
+            directive.env.note_dependency(str(data))
+        else:
+            # A results file not recorded yet (a GPU run, say). Sphinx re-reads a page with a
+            # missing dependency on every build; instead, remember it and re-read the page once
+            # the file appears (``reread_when_data_appears``).
+            _missing_data(directive.env).setdefault(directive.env.docname, set()).add(str(data))
         args.append(data)
     return func(*args, **kwargs)
 
@@ -280,6 +284,29 @@ def save_figure(fig: Any, target: Path) -> bool:
     tmp.write_bytes(data)
     os.replace(tmp, target)
     return True
+
+
+def _missing_data(env: Any) -> dict[str, set[str]]:
+    if not hasattr(env, "trainopt_missing_data"):
+        env.trainopt_missing_data = {}
+    return env.trainopt_missing_data
+
+
+def reread_when_data_appears(app: Sphinx, env: Any, added: set[str], changed: set[str],
+                             removed: set[str]) -> list[str]:
+    """Pages that rendered a results file that was missing then and exists now."""
+    return [doc for doc, paths in _missing_data(env).items()
+            if doc not in removed and any(Path(p).exists() for p in paths)]
+
+
+def forget_missing_data(app: Sphinx, env: Any, docname: str) -> None:
+    _missing_data(env).pop(docname, None)
+
+
+def merge_missing_data(app: Sphinx, env: Any, docnames: set[str], other: Any) -> None:
+    for doc, paths in _missing_data(other).items():
+        if doc in docnames:
+            _missing_data(env)[doc] = set(paths)
 
 
 class TrainoptFigure(SphinxDirective):
@@ -470,5 +497,8 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("trainopt-cards", TrainoptCards)
     app.connect("doctree-read", add_difficulty_badge)
     app.connect("doctree-resolved", link_figures_to_full_size)
+    app.connect("env-get-outdated", reread_when_data_appears)
+    app.connect("env-purge-doc", forget_missing_data)
+    app.connect("env-merge-info", merge_missing_data)
     app.connect("html-page-context", add_meta_description)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
