@@ -211,7 +211,14 @@ class TrainoptSource(SphinxDirective):
             title_classes=[], body_classes=[],
         )
         self.set_source_info(dropdown)
-        title = nodes.rubric(dotted, "", nodes.literal(dotted, dotted))
+        # A long path may wrap on a phone: only after a dot, never inside a name.
+        path = nodes.literal(dotted, "")
+        for i, part in enumerate(dotted.split(".")):
+            if i:
+                path += nodes.Text(".")
+                path += nodes.raw("", "<wbr>", format="html")
+            path += nodes.Text(part)
+        title = nodes.rubric(dotted, "", path)
         dropdown += title
         dropdown += literal
         self.add_name(title)
