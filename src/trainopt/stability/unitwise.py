@@ -29,7 +29,7 @@ def adaptive_clip_grad_(
                {\\lVert G_i \\rVert} \\quad\\text{if}\\quad
                \\lVert G_i \\rVert > \\lambda \\max(\\lVert W_i \\rVert, \\epsilon).
 
-    It bounds the ratio :math:`\lVert G_i \rVert / \lVert W_i \rVert` of each unit's
+    It bounds the ratio :math:`\\lVert G_i \\rVert / \\lVert W_i \\rVert` of each unit's
     *gradient* to its weights, not the update: the optimizer turns the clipped gradient into an
     update (Adam rescales it, momentum adds history), so the update's ratio can be larger. The
     paper applies it to every layer except the final classifier; pass the parameters to clip
