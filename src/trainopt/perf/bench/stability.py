@@ -1,4 +1,4 @@
-"""What the stability stack costs per step: bare step vs :class:`TrainingStabilizer` vs a naive stack that syncs once per parameter.
+"""What the stability stack costs per step: a bare step, the TrainingStabilizer, and a naive stack.
 
 One run times three variants of the same training step on the reference GPT
 (:mod:`trainopt.models`), in interleaved windows so that clock drift and thermal state hit all
