@@ -1,9 +1,10 @@
 """Performance: the code of the Advanced Performance pages.
 
 - :mod:`~trainopt.perf.precision`: fp32, tf32, bf16 or fp16 by one name (mixed precision page).
-- :mod:`~trainopt.perf.memory`, :mod:`~trainopt.perf.estimate` and :mod:`~trainopt.perf.peak`:
-  activation checkpointing, memory per phase, snapshots, the memory estimate, and the peak of a
-  step measured on any device (memory page).
+- :mod:`~trainopt.perf.memory`, :mod:`~trainopt.perf.estimate`, :mod:`~trainopt.perf.peak` and
+  :mod:`~trainopt.perf.cross_entropy`: activation checkpointing, memory per phase, snapshots, the
+  memory estimate, the peak of a step measured on any device, and the chunked cross-entropy
+  (memory page).
 - :mod:`~trainopt.perf.profiling`: torch.profiler and step timing (profiling page).
 - :mod:`~trainopt.perf.throughput`: tokens/s, step-time percentiles, MFU and alerts (monitoring page).
 - :mod:`trainopt.perf.distributed`: DDP, FSDP2, rank agreement and the distributed page's checks.
@@ -12,6 +13,7 @@
 """
 
 from trainopt.perf.bench.mfu import mfu
+from trainopt.perf.cross_entropy import chunked_linear_cross_entropy
 from trainopt.perf.estimate import (
     MemoryEstimate,
     bytes_per_parameter,
@@ -58,7 +60,7 @@ __all__ = [
     "PRECISIONS", "LiveStorageTracker", "MatmulSettings", "MemoryEstimate", "MemoryNearLimitAlert",
     "MemoryTracker", "PhaseMemory", "Precision", "PrecisionNotSupportedError", "StepProfiler", "StepTimer",
     "ThroughputDropAlert", "ThroughputMonitor", "allocator_settings", "apply_activation_checkpointing",
-    "bytes_per_parameter", "check_supported", "clock_mark", "elapsed_ms", "estimate_training_memory",
+    "bytes_per_parameter", "check_supported", "chunked_linear_cross_entropy", "clock_mark", "elapsed_ms", "estimate_training_memory",
     "expandable_segments_in_use", "gpt_activation_bytes", "make_scaler", "measure_peak_memory", "mfu",
     "percentile", "profile_steps", "read_jsonl", "record_memory_history", "remove_activation_checkpointing",
     "saved_activation_bytes", "summarize", "supported_precisions",
