@@ -1,6 +1,7 @@
 """Performance: the code of the Advanced Performance pages.
 
-- :mod:`~trainopt.perf.precision`: fp32, tf32, bf16 or fp16 by one name (mixed precision page).
+- :mod:`~trainopt.perf.precision` and :mod:`~trainopt.perf.rounding`: fp32, tf32, bf16 or fp16 by one
+  name, and stochastic rounding to bf16 (mixed precision page).
 - :mod:`~trainopt.perf.memory`, :mod:`~trainopt.perf.estimate`, :mod:`~trainopt.perf.peak` and
   :mod:`~trainopt.perf.cross_entropy`: activation checkpointing, memory per phase, snapshots, the
   memory estimate, the peak of a step measured on any device, and the chunked cross-entropy
@@ -38,6 +39,7 @@ from trainopt.perf.precision import (
     PrecisionNotSupportedError,
     check_supported,
     make_scaler,
+    native_bf16_supported,
     supported_precisions,
 )
 from trainopt.perf.profiling import (
@@ -49,6 +51,7 @@ from trainopt.perf.profiling import (
     profile_steps,
     summarize,
 )
+from trainopt.perf.rounding import stochastic_round_to_bf16
 from trainopt.perf.throughput import (
     MemoryNearLimitAlert,
     ThroughputDropAlert,
@@ -61,7 +64,7 @@ __all__ = [
     "MemoryTracker", "PhaseMemory", "Precision", "PrecisionNotSupportedError", "StepProfiler", "StepTimer",
     "ThroughputDropAlert", "ThroughputMonitor", "allocator_settings", "apply_activation_checkpointing",
     "bytes_per_parameter", "check_supported", "chunked_linear_cross_entropy", "clock_mark", "elapsed_ms", "estimate_training_memory",
-    "expandable_segments_in_use", "gpt_activation_bytes", "make_scaler", "measure_peak_memory", "mfu",
+    "expandable_segments_in_use", "gpt_activation_bytes", "make_scaler", "measure_peak_memory", "mfu", "native_bf16_supported",
     "percentile", "profile_steps", "read_jsonl", "record_memory_history", "remove_activation_checkpointing",
-    "saved_activation_bytes", "summarize", "supported_precisions",
+    "saved_activation_bytes", "stochastic_round_to_bf16", "summarize", "supported_precisions",
 ]
