@@ -20,6 +20,7 @@ from trainopt.perf.estimate import (
     bytes_per_parameter,
     estimate_training_memory,
     gpt_activation_bytes,
+    optimizer_state_bytes,
 )
 from trainopt.perf.memory import (
     MemoryTracker,
@@ -65,6 +66,7 @@ __all__ = [
     "ThroughputDropAlert", "ThroughputMonitor", "allocator_settings", "apply_activation_checkpointing",
     "bytes_per_parameter", "check_supported", "chunked_linear_cross_entropy", "clock_mark", "elapsed_ms", "estimate_training_memory",
     "expandable_segments_in_use", "gpt_activation_bytes", "make_scaler", "measure_peak_memory", "mfu", "native_bf16_supported",
+    "optimizer_state_bytes",
     "percentile", "profile_steps", "read_jsonl", "record_memory_history", "remove_activation_checkpointing",
     "saved_activation_bytes", "stochastic_round_to_bf16", "summarize", "supported_precisions",
 ]
