@@ -3,7 +3,7 @@
 - :mod:`~trainopt.hpo.space`: search spaces declared in YAML and validated early
   (:class:`~trainopt.hpo.space.SearchSpace`), the edge check
   (:func:`~trainopt.hpo.space.params_at_edge`), learning-rate bounds from an LR range test
-  (:func:`~trainopt.hpo.space.seed_lr_range`).
+  (:func:`~trainopt.hpo.space.with_lr_range_from_finder`).
 - :mod:`~trainopt.hpo.config`: the tuning config, which names your objective
   (:func:`~trainopt.hpo.config.load_hpo_config`).
 - :mod:`~trainopt.hpo.study`: samplers, pruners, an exact trial budget
@@ -26,7 +26,7 @@ from trainopt.hpo.space import (
     load_search_space,
     lr_bounds_from_finder,
     params_at_edge,
-    seed_lr_range,
+    with_lr_range_from_finder,
 )
 from trainopt.hpo.storage import open_storage
 from trainopt.hpo.study import (
@@ -45,5 +45,5 @@ __all__ = [
     "PRUNERS", "SAMPLERS", "HPOConfig", "ParamSpec", "SearchSpace", "TrialDiverged", "TrialReporter",
     "best_trials_text", "budget_trials", "create_study", "load_hpo_config", "load_objective", "load_search_space",
     "lr_bounds_from_finder", "make_pruner", "make_sampler", "open_storage", "params_at_edge", "run_trial",
-    "run_worker", "seed_lr_range", "tune",
+    "run_worker", "tune", "with_lr_range_from_finder",
 ]
