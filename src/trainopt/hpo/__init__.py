@@ -7,14 +7,15 @@
 - :mod:`~trainopt.hpo.config`: the tuning config, which names your objective
   (:func:`~trainopt.hpo.config.load_hpo_config`).
 - :mod:`~trainopt.hpo.study`: samplers, pruners, an exact trial budget
-  (:func:`~trainopt.hpo.study.create_study`, :func:`~trainopt.hpo.study.tune`).
+  (:func:`~trainopt.hpo.study.create_study`, :func:`~trainopt.hpo.study.tune`), and the
+  isolation plot's values (:func:`~trainopt.hpo.study.isolation`).
 - :mod:`~trainopt.hpo.workers`: the worker loop that any number of processes share
   (:func:`~trainopt.hpo.workers.run_worker`).
 - :mod:`~trainopt.hpo.storage`: storages with atomic claims and heartbeats, so that a dead
   worker's trial runs again (:func:`~trainopt.hpo.storage.open_storage`).
 - :mod:`~trainopt.hpo.reporter`: :class:`~trainopt.hpo.reporter.TrialReporter`, the training loop's side.
 - :mod:`~trainopt.hpo.digits`: the examples' task (AdamW on the digits MLP).
-- :mod:`~trainopt.hpo.plots`: history, importances, learning curves, Pareto front.
+- :mod:`~trainopt.hpo.plots`: history, importances, learning curves, Pareto front, isolation.
 - ``python -m trainopt.hpo CONFIG --n-trials N``: the command line (:mod:`~trainopt.hpo.cli`).
 """
 
