@@ -135,7 +135,8 @@ def console_commands() -> list[tuple[str, list[str]]]:
 
 
 def test_the_pages_show_every_subcommand() -> None:
-    assert {words[3] for _, words in console_commands()} == {"matrix", "recipe", "stability", "experiments", "all"}
+    assert {words[3] for _, words in console_commands()} == {
+        "matrix", "recipe", "stability", "experiments", "all", "compare", "scaling"}
     text = "\n".join(page.read_text() for page in PAGES)
     for gone in ("trainopt.perf.bench.stability --out", "trainopt.perf.bench.experiments --out", "trainopt.bench "):
         assert gone not in text
