@@ -107,3 +107,24 @@ def test_cuda_profiler_reports_device_time():
     model = torch.nn.Linear(256, 256).cuda()
     prof = profile_steps(lambda: model(torch.randn(64, 256, device="cuda")).sum().backward(), "cuda", active=2)
     assert prof.top_operators(3)[0].self_device_us > 0
+
+
+def test_loader_wait_measures_the_time_blocked_in_next(monkeypatch):
+    ticks = iter([0.0, 0.25, 1.0, 1.5, 2.0, 2.0])  # start/end of next() for 2 batches, then the end
+    monkeypatch.setattr(profiling.time, "perf_counter", lambda: next(ticks))
+    loader = profiling.LoaderWait(["a", "b"])
+    assert list(loader) == ["a", "b"] and len(loader) == 2
+    assert loader.wait_s == [0.25, 0.5]  # by hand from the ticks
+
+
+def test_loader_wait_sees_a_slow_loader_and_not_a_fast_one():
+    import time as real_time
+
+    def slow():
+        for batch in range(3):
+            real_time.sleep(0.02)
+            yield batch
+
+    slow_wait, fast_wait = profiling.LoaderWait(slow()), profiling.LoaderWait(range(3))
+    assert list(slow_wait) == list(fast_wait) == [0, 1, 2]
+    assert min(slow_wait.wait_s) >= 0.02 and max(fast_wait.wait_s) < 0.01

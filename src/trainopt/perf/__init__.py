@@ -44,6 +44,7 @@ from trainopt.perf.precision import (
     supported_precisions,
 )
 from trainopt.perf.profiling import (
+    LoaderWait,
     StepProfiler,
     StepTimer,
     clock_mark,
@@ -61,6 +62,7 @@ from trainopt.perf.throughput import (
 )
 
 __all__ = [
+    "LoaderWait",  # profiling: the data-loader wait
     "PRECISIONS", "LiveStorageTracker", "MatmulSettings", "MemoryEstimate", "MemoryNearLimitAlert",
     "MemoryTracker", "PhaseMemory", "Precision", "PrecisionNotSupportedError", "StepProfiler", "StepTimer",
     "ThroughputDropAlert", "ThroughputMonitor", "allocator_settings", "apply_activation_checkpointing",

@@ -2,6 +2,7 @@
 
 - :class:`StepProfiler` wraps ``torch.profiler.profile`` with a wait / warm-up / active
   schedule, writes a Chrome trace per active cycle, and returns the top operators.
+- :class:`LoaderWait` measures the time a training loop spends blocked on its data loader.
 - :class:`StepTimer` times steps with CUDA events (GPU time, no sync per step) or
   ``time.perf_counter`` on a CPU, drops warm-up steps and reports percentiles. It is the one
   timer of trainopt: the benchmarks of :mod:`trainopt.perf.bench` time their windows with it.
@@ -148,6 +149,44 @@ class StepTimer:
     def reset(self) -> None:
         """Forget every recorded step."""
         self._pairs.clear()
+
+
+class LoaderWait:
+    """Wrap a data loader and measure the wall time the loop spends blocked in ``next()``.
+
+    Iterating yields the loader's batches unchanged; :attr:`wait_s` holds, per batch, the
+    seconds the host waited for it. With enough workers and prefetching the wait is near zero;
+    a wait that is a large share of the step time means the input pipeline is the bottleneck.
+
+    Example:
+        >>> import time
+        >>> from trainopt.perf import LoaderWait
+        >>> def slow_batches():
+        ...     for i in range(3):
+        ...         time.sleep(0.01)
+        ...         yield i
+        >>> loader = LoaderWait(slow_batches())
+        >>> list(loader), len(loader.wait_s), min(loader.wait_s) >= 0.01
+        ([0, 1, 2], 3, True)
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.wait_s: list[float] = []
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = iter(self.loader)
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            self.wait_s.append(time.perf_counter() - start)
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,13 @@ BAD_ARGUMENTS = [
     (["matrix", "--out", "m.json", "--seq-len", "65"], "--seq-len", "must be an int in [0, 64]"),
     (["matrix", "--precision", "fp32"], "--out", "required"),
     (["recipe", "--out", "r.json", "--batch-size", "0"], "--batch-size", "must be an int >= 1"),
+    (["scaling", "--out", "s.json", "--processes", "1"], "--processes", "must be an int >= 2"),
+    (["scaling", "--out", "s.json", "--windows", "x"], "--windows", "must be an int >= 0"),
+    (["scaling", "--processes", "2"], "--out", "required"),
+    (["scaling", "--out", "s.json", "--seq-len", "65"], "--seq-len", "must be an int in [0, 64]"),
+    (["compare", "no-such-a.json", "no-such-b.json"], "no-such-a.json", "no such results file"),
+    (["compare", "a.json", "b.json", "--confidence", "95"], "--confidence", "must be a number in (0, 1)"),
+    (["compare", "a.json"], "candidate", "required"),
     (["recipe", "--out", "r.json", "--compile", "none"], "--compile", "invalid choice: 'none'"),
     (["recipe", "--out", "r.json", "--peak-tflops", "0"], "--peak-tflops", "must be a positive TFLOP/s"),
     (["recipe", "--out", "r.json", "--warmup", "-1"], "--warmup", "must be an int >= 0"),
@@ -128,7 +135,8 @@ def console_commands() -> list[tuple[str, list[str]]]:
 
 
 def test_the_pages_show_every_subcommand() -> None:
-    assert {words[3] for _, words in console_commands()} == {"matrix", "recipe", "stability", "experiments", "all"}
+    assert {words[3] for _, words in console_commands()} == {
+        "matrix", "recipe", "stability", "experiments", "all", "compare", "scaling"}
     text = "\n".join(page.read_text() for page in PAGES)
     for gone in ("trainopt.perf.bench.stability --out", "trainopt.perf.bench.experiments --out", "trainopt.bench "):
         assert gone not in text

@@ -97,3 +97,31 @@ def test_throughput_uses_the_one_peak_table():
     from trainopt.perf import throughput
 
     assert not hasattr(throughput, "DEVICE_PEAK_FLOPS") and throughput.peak_flops_for is peak_flops_for
+
+
+def test_a_pcie_card_taken_for_sxm_underestimates_mfu():
+    from trainopt.perf.bench.mfu import mfu, peak_flops_for
+
+    sxm, _ = peak_flops_for("cuda", "bf16", device_name="NVIDIA H100 80GB HBM3")
+    pcie, _ = peak_flops_for("cuda", "bf16", device_name="NVIDIA H100 PCIe")
+    true_mfu, read_as_sxm = mfu(1e9, 3e5, pcie), mfu(1e9, 3e5, sxm)
+    assert read_as_sxm < true_mfu and read_as_sxm / true_mfu == pytest.approx(756.5 / 989.4)
+
+
+def test_flop_counter_counts_six_n_matmul_plus_non_causal_attention():
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from trainopt.models import GPT, gpt_config, synthetic_batch
+
+    model, seq_len = GPT(gpt_config("tiny")), 32
+    x, y = synthetic_batch(model.config, 2, seq_len)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(x, targets=y).backward()
+    per_token = counter.get_total_flops() / (2 * seq_len)
+    matmul_n = sum(p.numel() for n, p in model.named_parameters() if p.ndim == 2 and n != "wpe.weight")
+    c = model.config
+    assert per_token == 6 * matmul_n + 12 * c.n_layer * c.n_embd * seq_len  # full T x T attention
+    layer_norm = sum(p.numel() for p in model.parameters() if p.ndim == 1)
+    assert model.flops_per_token(seq_len) - per_token == 6 * layer_norm

@@ -1,4 +1,4 @@
-"""``python -m trainopt.perf.bench {matrix,recipe,stability,experiments,all}``: every benchmark.
+"""``python -m trainopt.perf.bench {matrix,recipe,stability,experiments,all,compare,scaling}``.
 
 - ``matrix``: vary one field at a time around a base configuration (the first value given for
   each field), or every combination with ``--grid``.
@@ -10,6 +10,10 @@
   (``bench_<preset>.json``), the stability benchmark (``bench_stability_<preset>.json``) and the
   experiments (``perf_<preset>.json``: the 124M model on a GPU, the small one at 16 × 64 tokens
   on a CPU), within ``--time-budget``.
+- ``compare A.json B.json``: the speed-up of B over A per configuration, with a bootstrap
+  interval of the ratio of medians (:mod:`trainopt.perf.bench.compare`).
+- ``scaling --processes N``: throughput of 1 and N gloo processes on a CPU, stand-ins for GPUs,
+  and the scaling efficiency with its interval (:mod:`trainopt.perf.bench.scaling`).
 
 Each writes one results file (:mod:`trainopt.perf.bench.results`) and prints its tables
 (:mod:`trainopt.perf.bench.report`). A mistake in an argument prints one line and exits 2.
@@ -30,7 +34,8 @@ import torch
 
 from trainopt.config.cli import ArgumentParser, UsageError, positive_int
 from trainopt.models import GPT_PRESETS
-from trainopt.perf.bench import experiments, stability
+from trainopt.perf.bench import compare, experiments, scaling, stability
+from trainopt.perf.bench.arguments import at_least_two, fraction, non_negative_int, peak_tflops, positive_float
 from trainopt.perf.bench.configs import (
     ATTENTION_BACKENDS,
     COMPILE_BACKENDS,
@@ -40,7 +45,7 @@ from trainopt.perf.bench.configs import (
     build_matrix,
 )
 from trainopt.perf.bench.harness import recipe_pair, run_matrix, speedup
-from trainopt.perf.bench.mfu import parse_peak_tflops, peak_flops_for
+from trainopt.perf.bench.mfu import peak_flops_for
 from trainopt.perf.bench.report import render
 from trainopt.perf.bench.results import write_results
 from trainopt.perf.precision import PRECISIONS, supported_precisions
@@ -48,54 +53,6 @@ from trainopt.perf.precision import PRECISIONS, supported_precisions
 ALL_TIME_BUDGET_S = 480.0  # `all --preset h100` fits in one 10-minute GPU call, compilation included
 DEFAULT_BATCH = {"tiny": 8, "small": 8, "124m": 16, "350m": 16}
 SIZES = sorted(GPT_PRESETS)
-
-
-def non_negative_int(text: str) -> int:
-    """An argparse ``type``: an int of at least 0.
-
-    Example:
-        >>> from trainopt.perf.bench.cli import non_negative_int
-        >>> non_negative_int("0"), non_negative_int("12")
-        (0, 12)
-    """
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0 or str(value) != text.strip().lstrip("+"):
-        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """An argparse ``type``: a number above 0.
-
-    Example:
-        >>> from trainopt.perf.bench.cli import positive_float
-        >>> positive_float("2.5")
-        2.5
-    """
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
-    return value
-
-
-def peak_tflops(text: str) -> dict[str, float]:
-    """The argparse ``type`` of ``--peak-tflops`` (:func:`~trainopt.perf.bench.mfu.parse_peak_tflops`).
-
-    Example:
-        >>> from trainopt.perf.bench.cli import peak_tflops
-        >>> peak_tflops("bf16=835.5")
-        {'bf16': 835.5}
-    """
-    try:
-        return parse_peak_tflops(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def check_peaks(device: str | torch.device, precisions: Sequence[str], peak: dict[str, float] | None,
@@ -189,6 +146,24 @@ def build_parser() -> ArgumentParser:
     a.add_argument("--size", choices=SIZES, default=None, help="replace every model size (a quick try)")
     a.add_argument("--batch-size", type=positive_int, default=None, help="replace every batch size")
     a.set_defaults(time_budget=ALL_TIME_BUDGET_S, profile_steps=2)
+
+    c = sub.add_parser("compare", help="speed-up of B over A per configuration, with a bootstrap interval")
+    c.add_argument("baseline", help="results file A (bench kind)")
+    c.add_argument("candidate", help="results file B (bench kind)")
+    c.add_argument("--confidence", type=fraction, default=0.95, help="coverage of the interval")
+    c.add_argument("--resamples", type=positive_int, default=4000, help="bootstrap resamples")
+
+    g = sub.add_parser("scaling", help="throughput of 1 and N gloo processes on a CPU (stand-ins for GPUs)")
+    g.add_argument("--processes", type=at_least_two, default=2, help="N, the processes of the parallel run")
+    g.add_argument("--size", choices=SIZES, default="tiny")
+    g.add_argument("--batch-size", type=positive_int, default=8, help="sequences per process and step")
+    g.add_argument("--seq-len", type=positive_int, default=64)
+    g.add_argument("--steps", type=positive_int, default=5, help="steps per timed window")
+    g.add_argument("--windows", type=at_least_two, default=10, help="timed windows of each process count")
+    g.add_argument("--max-warmup", type=at_least_two, default=20, help="warm-up windows at most")
+    g.add_argument("--threads", type=positive_int, default=1, help="torch threads per process")
+    g.add_argument("--note", default=None, help="recorded with the results")
+    g.add_argument("--out", type=Path, required=True, help="results JSON file to write")
     return parser
 
 
@@ -318,6 +293,25 @@ def _all(args: argparse.Namespace, command: str) -> dict[str, Any]:
     return _run(args, later, command, out=out, results=results, started=started)
 
 
+def _compare(args: argparse.Namespace) -> str:
+    try:
+        baseline, candidate = compare.load_pair(args.baseline, args.candidate)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc), "no such results file") from exc
+    except (ValueError, OSError) as exc:
+        raise UsageError("baseline/candidate", str(exc).splitlines()[0]) from exc
+    rows = compare.compare_results(baseline, candidate, confidence=args.confidence, resamples=args.resamples)
+    if not rows:
+        raise UsageError("candidate", f"no configuration measured in both {args.baseline} and {args.candidate}")
+    return compare.render_comparison(rows)
+
+
+def _scaling(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    _check_shape(args.size, args.seq_len)
+    return scaling.run(args.processes, args.size, args.batch_size, args.seq_len, args.steps, args.windows,
+                       args.max_warmup, args.threads, command=command, note=args.note)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand, write its results file, print its tables; returns the exit status.
 
@@ -336,8 +330,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     command = shlex.join(["python", "-m", "trainopt.perf.bench", *argv])
+    if args.command == "compare":
+        print(_compare(args))
+        return 0
     run = {"matrix": _matrix, "recipe": _recipe, "stability": _stability, "experiments": _experiments,
-           "all": _all}[args.command]
+           "all": _all, "scaling": _scaling}[args.command]
     results = run(args, command)
     if args.command != "all":
         write_results(results, args.out)

@@ -285,9 +285,19 @@ def _experiments_throughput(results: Results) -> list[str]:
     return lines
 
 
+def _scaling_efficiency(results: Results) -> list[str]:
+    n = str(results["processes"][-1])
+    times, rates, eff = results["window_step_times_s"], results["tokens_per_s"], results["efficiency"]
+    rows = [[k, _ms(min(times[k])) + "–" + _ms(max(times[k])), _rate(rates[k])] for k in ("1", n)]
+    return _table(["processes", "ms per step (min–max over windows)", "tokens/s"], rows) + [
+        "", f"Scaling efficiency with {n} processes: {_percent(eff['ratio'])} "
+        f"({_percent(eff['confidence'])} bootstrap interval {_percent(eff['low'])}–{_percent(eff['high'])})."]
+
+
 PARTS: dict[str, dict[str, Callable[[Results], list[str]]]] = {
     "bench": {"results": _bench_results, "recipe": _bench_recipe, "goal": _bench_goal, "profile": _bench_profile},
     "stability": {"overhead": _stability_overhead},
+    "scaling": {"efficiency": _scaling_efficiency},
     "experiments": {"environment": _experiments_environment, "precision": _experiments_precision,
                     "estimate": _experiments_estimate, "checkpointing": _experiments_checkpointing,
                     "recommendation": _experiments_recommendation, "phases": _experiments_phases,
