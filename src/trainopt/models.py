@@ -396,7 +396,5 @@ def synthetic_batch(
     """
     seq_len = seq_len or config.block_size
     tokens = torch.randint(0, config.vocab_size, (batch_size, seq_len + 1), generator=generator)
-    tokens = tokens.to(device)
-    # clone: with batch_size=1 the slices count as contiguous, and .contiguous() would return
-    # views of one storage, so writing to the inputs would change the targets
+    tokens = tokens.to(device)  # clone: at batch 1 .contiguous() returns views of one storage
     return tokens[:, :-1].clone(), tokens[:, 1:].clone()
