@@ -1,6 +1,8 @@
 """Training configs from YAML: load, validate every field, build the optimizer and scheduler.
 
-A config file holds one ``training`` section with an ``optimizer`` and a ``scheduler``::
+A config file holds one ``training`` section with an ``optimizer`` and a ``scheduler``:
+
+.. code-block:: yaml
 
     training:
       optimizer: {type: adamw, lr: 3.0e-4, weight_decay: 0.01}
