@@ -109,3 +109,23 @@ def test_rejects_bad_arguments(kwargs, message):
 def test_rejects_targets_of_the_wrong_shape():
     with pytest.raises(ValueError, match=r"targets must have shape \(4,\)"):
         chunked_linear_cross_entropy(torch.randn(4, 3), torch.randn(5, 3), torch.zeros(2, 2, dtype=torch.long))
+
+
+def test_chunked_under_bf16_autocast_matches_the_gpt_head():
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 16, 32, requires_grad=True)  # fp32, as the last LayerNorm gives it
+    head = torch.nn.Linear(32, 100, bias=False)
+    targets = torch.randint(0, 100, (2, 16))
+    results = []
+    for chunked in (False, True):
+        hidden.grad = head.weight.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if chunked:
+                loss = chunked_linear_cross_entropy(hidden, head.weight, targets, chunk_size=5)
+            else:
+                loss = F.cross_entropy(head(hidden).flatten(0, 1), targets.flatten())
+        loss.backward()
+        results.append((loss.detach(), hidden.grad.clone(), head.weight.grad.clone()))
+    for got, want in zip(results[1], results[0]):
+        assert got.dtype == want.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-3)
