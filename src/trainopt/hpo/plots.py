@@ -48,7 +48,7 @@ def _figure(plot: Callable[..., Any], study: optuna.Study, **kwargs: Any) -> Fig
         axes = plot(study, **kwargs)
     first = axes.flat[0] if hasattr(axes, "flat") else axes
     fig = first.figure
-    fig.set_size_inches(6.4, 4.0)
+    fig.set_size_inches(6.4, 3.4)
     fig.tight_layout()
     return fig
 
@@ -135,7 +135,7 @@ def plot_isolation(study: optuna.Study, scientific: str) -> Figure:
 
     best = isolation(study, scientific)
     position = {value: i for i, value in enumerate(best)}
-    fig = Figure(figsize=(6.4, 4.0))
+    fig = Figure(figsize=(6.4, 3.4))
     ax = fig.add_subplot()
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     dots = [(position[t.params[scientific]], t.value) for t in trials if scientific in t.params]
