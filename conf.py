@@ -32,7 +32,7 @@ root_doc = "index"
 exclude_patterns = ["_build", "_data", "_ext", "_generated", "**/.ipynb_checkpoints", "README.md"]
 templates_path = []
 html_static_path = ["docs/_static"]
-html_css_files = ["trainopt.css"]
+html_css_files = [("trainopt.css", {"priority": 800})]
 
 myst_enable_extensions = [
     "colon_fence",
@@ -61,6 +61,7 @@ napoleon_numpy_docstring = False
 html_theme = "pydata_sphinx_theme"
 html_title = "trainopt"
 html_favicon = "docs/_static/favicon.svg"
+html_permalinks_icon = "#"
 html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
@@ -69,8 +70,16 @@ html_theme_options = {
     "secondary_sidebar_items": ["page-toc"],
     "footer_start": ["copyright"],
     "footer_end": [],
+    "icon_links": [],
+    "logo": {},
 }
 html_context = {"default_mode": "auto"}
+# Pages without siblings have nothing to put in a "Section Navigation" sidebar.
+html_sidebars = {
+    "index": [],
+    "concepts/*": [],
+    "guides/troubleshooting": [],
+}
 html_show_sourcelink = False
 
 nitpicky = False
@@ -80,3 +89,38 @@ nitpick_ignore_regex = [
     (r"py:class", r"(optional|default|callable|array-like)"),
 ]
 suppress_warnings = ["myst.header"]
+
+
+# --------------------------------------------------------------------------------------------
+# A no-op rebuild reads nothing. Sphinx compares this file's values with the ones it pickled at
+# the end of the last build, after the theme and extensions had added to them. Set those
+# additions here, in the form they end in, so the two agree; ``_drop_repeats`` removes the
+# second copy the extensions append when the builder starts.
+# --------------------------------------------------------------------------------------------
+
+def _extension_paths() -> tuple[list[str], list[str]]:
+    import pydata_sphinx_theme
+    import sphinx_copybutton
+    import sphinx_design.extension
+
+    static = [str(sphinx_design.extension.STATIC_DIR),
+              str(Path(sphinx_copybutton.__file__).parent.joinpath("_static").absolute())]
+    theme = Path(pydata_sphinx_theme.__file__).parent.resolve() / "theme" / "pydata_sphinx_theme"
+    return static, [str(theme / "components")]
+
+
+_static, _templates = _extension_paths()
+html_static_path += _static
+templates_path += _templates
+mathjax4_config = {"options": {"processHtmlClass": "tex2jax_process|mathjax_process|math|output_area"}}
+
+
+def _drop_repeats(app, config=None) -> None:
+    for name in ("html_static_path", "templates_path"):
+        values = getattr(app.config, name)
+        values[:] = list(dict.fromkeys(values))
+
+
+def setup(app) -> None:
+    app.connect("config-inited", _drop_repeats, priority=900)
+    app.connect("builder-inited", _drop_repeats, priority=900)

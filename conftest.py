@@ -6,7 +6,9 @@ Sybil collects:
   ``% skip: next if(<condition>, reason="...")`` skips the next block with a reason;
 - every ``>>>`` example in the docstrings of ``src/trainopt``, each docstring in an empty
   namespace of its own (not the module's), so an example runs exactly as a reader who pastes it
-  alone into a fresh interpreter: it imports what it uses.
+  alone into a fresh interpreter: it imports what it uses; ``.. skip: start if(<condition>,
+  reason="...")`` … ``.. skip: end`` skips CUDA-only examples on a CPU (the condition is
+  evaluated in the docstring's namespace, so an earlier example imports torch).
 
 Nothing is injected into a page's namespace: a page imports what it uses in plain sight.
 
@@ -27,6 +29,7 @@ from sybil.document import Document, PythonDocStringDocument
 from sybil.example import NotEvaluated
 from sybil.parsers.myst import PythonCodeBlockParser, SkipParser
 from sybil.parsers.rest import DocTestParser
+from sybil.parsers.rest import SkipParser as RestSkipParser
 
 matplotlib.use("Agg")
 
@@ -69,7 +72,7 @@ class IsolatedDocStringDocument(PythonDocStringDocument):
 
 
 docstrings = Sybil(
-    parsers=[DocTestParser(optionflags=OPTIONFLAGS)],
+    parsers=[DocTestParser(optionflags=OPTIONFLAGS), RestSkipParser()],
     patterns=["*.py"],
     path="src",
     name="docstrings",

@@ -7,7 +7,8 @@ A page may show Python in exactly two ways:
 - ```` ```python ```` — plain code or a ``>>>`` doctest, executed by Sybil in page order.
 
 A ``python`` block may be skipped only by ``% skip: next if(<condition>, reason="...")``, a
-conditional skip with a reason (GPU-only or multi-process examples). Everything else that looks
+conditional skip with a reason (GPU-only or multi-process examples), whose condition is not a
+constant (``if(True, ...)`` would skip on every machine). Everything else that looks
 like Python (```` ```py ````, ```` ```{code-block} python ````, ``literalinclude`` of a ``.py``
 file, an unconditional skip, an invisible code block, an HTML-comment directive) is reported
 with its file and line.
@@ -15,6 +16,7 @@ with its file and line.
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +72,23 @@ def blocks(path: Path) -> list[Block]:
     return found
 
 
+def constant_condition(args: str) -> bool:
+    """Whether the condition of ``next if(<condition>, reason=...)`` is a constant expression.
+
+    ``if(True, ...)``, ``if(1, ...)``, ``if(not False, ...)`` or ``if(1 > 0, ...)`` skip on every
+    machine: a condition must read something (a name, an attribute, a call). An unparsable
+    condition counts as constant, so it is reported too.
+    """
+    inner = args[len("next"):].strip()
+    try:
+        call = ast.parse(inner.replace("if(", "_skip(", 1), mode="eval").body
+        condition = call.args[0]
+    except (SyntaxError, AttributeError, IndexError):
+        return True
+    return not any(isinstance(node, (ast.Name, ast.Attribute, ast.Call))
+                   for node in ast.walk(condition))
+
+
 def problems_in(path: Path, root: Path | None = None) -> list[str]:
     """Every Python block of one page that is neither an include from src nor executed."""
     name = path.relative_to(root) if root else path
@@ -85,6 +104,11 @@ def problems_in(path: Path, root: Path | None = None) -> list[str]:
         if skip and not GOOD_SKIP.match(skip.group("args").strip()):
             issues.append(
                 f"{name}:{n}: skip must be 'next if(<condition>, reason=\"...\")', got {skip.group('args')!r}"
+            )
+        elif skip and constant_condition(skip.group("args").strip()):
+            issues.append(
+                f"{name}:{n}: the skip condition is a constant, so the block never runs; "
+                f"test something that can differ between machines, got {skip.group('args')!r}"
             )
     for block in blocks(path):
         info = block.info

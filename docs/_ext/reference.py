@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import re
 import sys
 from pathlib import Path
 
@@ -46,14 +47,39 @@ def public_objects(module_name: str) -> list[str]:
     )
 
 
-def _summary(module_name: str) -> str:
+ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const):`~?([^`]+)`")
+LITERAL = re.compile(r"``([^`]+)``")
+FLAG = re.compile(r"(?<![\w`-])(--[a-z][\w-]*)")
+
+
+def _first_paragraph(module_name: str) -> str:
     doc = inspect.getdoc(importlib.import_module(module_name)) or ""
-    first = doc.strip().split("\n\n")[0].replace("\n", " ").strip()
-    return first.replace('"', "'").replace("`", "")
+    return doc.strip().split("\n\n")[0].replace("\n", " ").strip()
+
+
+def _summary(module_name: str) -> str:
+    """The module's first paragraph as MyST: roles and RST literals become inline code.
+
+    A command-line flag becomes inline code too, so that ``--n-trials`` is not typeset with an
+    en-dash.
+    """
+    text = ROLE.sub(lambda m: f"`{m.group(1)}`", _first_paragraph(module_name))
+    text = LITERAL.sub(lambda m: f"`{m.group(1)}`", text)
+    parts = text.split("`")
+    # outside inline code (even parts): flags become code, and a bar would end the table cell
+    for i in range(0, len(parts), 2):
+        parts[i] = FLAG.sub(r"`\1`", parts[i]).replace("|", "\\|")
+    return "`".join(parts)
+
+
+def _plain_summary(module_name: str) -> str:
+    """The module's first paragraph as plain text, for the page's meta description."""
+    text = ROLE.sub(lambda m: m.group(1), _first_paragraph(module_name))
+    return LITERAL.sub(lambda m: m.group(1), text).replace("`", "").replace('"', "'")
 
 
 def page_text(module_name: str) -> str:
-    summary = _summary(module_name)
+    summary = _plain_summary(module_name)
     return (
         "---\n"
         f'description: "API reference of {module_name}: {summary}"\n'
@@ -68,8 +94,41 @@ def page_text(module_name: str) -> str:
     )
 
 
+GROUPS = [
+    ("trainopt.schedules", "Learning-rate schedules"),
+    ("trainopt.stability", "Training stability"),
+    ("trainopt.hpo", "Hyperparameter optimization"),
+    ("trainopt.perf", "Performance"),
+    ("trainopt.perf.distributed", "Distributed training"),
+    ("trainopt.perf.bench", "Benchmarks"),
+    ("trainopt.concepts", "Concepts"),
+    ("trainopt.diagnostics", "Diagnostics"),
+    ("trainopt.config", "Configuration"),
+    ("trainopt.models", "Models"),
+    ("trainopt.data", "Shipped data"),
+]
+
+
+def group_of(module_name: str) -> str:
+    """The package of ``GROUPS`` a module belongs to: the longest prefix that matches."""
+    matches = [g for g, _ in GROUPS if module_name == g or module_name.startswith(g + ".")]
+    return max(matches, key=len) if matches else "trainopt"
+
+
 def index_text(modules: list[str]) -> str:
-    rows = "\n".join(f"| [`{m}`]({m}.md) | {_summary(m)} |" for m in modules)
+    sections = []
+    titles = dict(GROUPS)
+    order = [g for g, _ in GROUPS] + ["trainopt"]
+    for group in order:
+        members = [m for m in modules if group_of(m) == group]
+        if not members:
+            continue
+        rows = "\n".join(f"| [`{m}`]({m}.md) | {_summary(m)} |" for m in members)
+        sections.append(
+            f"## {titles.get(group, 'Other modules')}\n\n"
+            "| module | what it holds |\n| --- | --- |\n"
+            f"{rows}\n"
+        )
     toctree = "\n".join(modules)
     return (
         "---\n"
@@ -77,10 +136,9 @@ def index_text(modules: list[str]) -> str:
         'summary: "Every public object of trainopt, from its docstrings."\n'
         "---\n\n"
         "# API Reference\n\n"
-        "Every public module of `trainopt`, generated from the docstrings in `src/`. Each object's\n"
-        "docstring example is executed by the test suite.\n\n"
-        "| module | what it holds |\n| --- | --- |\n"
-        f"{rows}\n\n"
+        "Every public module of `trainopt`, grouped by package and generated from the docstrings\n"
+        "in `src/`. Each object's docstring example is executed by the test suite.\n\n"
+        + "\n".join(sections) + "\n"
         "```{toctree}\n:hidden:\n:maxdepth: 1\n\n"
         f"{toctree}\n"
         "```\n"

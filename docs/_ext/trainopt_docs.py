@@ -3,12 +3,15 @@
 Directives (all usable from MyST as ```` ```{name} ````):
 
 ``trainopt-source``
-    Shows the source of a ``trainopt`` object by dotted name, preceded by exactly the imports it
-    needs, so that the copied block runs in a fresh interpreter with ``trainopt`` installed.
+    Shows the source of a ``trainopt`` object by dotted name, without its docstrings, preceded by
+    exactly the imports it needs, so that the copied block runs in a fresh interpreter with
+    ``trainopt`` installed; folded in a closed dropdown titled with the dotted name.
 ``trainopt-figure``
     Calls a ``trainopt`` function that returns a matplotlib Figure, saves it as PNG at build time
-    and shows it. Options: ``:alt:`` (required), ``:kwargs:`` (JSON), ``:data:`` (a path under
-    ``docs/`` passed as the first argument), ``:width:``.
+    (with its smallest text height in pixels as PNG metadata, ``trainopt_min_text_px``) and shows
+    it, linked to the full-size PNG. Options: ``:alt:`` and ``:caption:`` (both required),
+    ``:kwargs:`` (JSON), ``:data:`` (a path under ``docs/`` passed as the first argument),
+    ``:width:``.
 ``trainopt-render``
     Calls a ``trainopt`` function that returns MyST Markdown (a table, say) and parses it in
     place. Options: ``:data:`` and ``:kwargs:`` as above.
@@ -37,7 +40,6 @@ from docutils import nodes
 from docutils.parsers.rst import directives
 from docutils.statemachine import StringList
 from sphinx.application import Sphinx
-from sphinx.directives.code import container_wrapper
 from sphinx.util.docutils import SphinxDirective
 
 DIFFICULTY_COLOURS = {"beginner": "success", "intermediate": "info", "advanced": "warning"}
@@ -97,12 +99,14 @@ def _find_node(tree: ast.Module, name: str) -> ast.AST:
     raise ValueError(f"no top-level function or class named {name!r}")
 
 
-def source_with_imports(dotted: str) -> str:
+def source_with_imports(dotted: str, docstrings: bool = False) -> str:
     """Return the source of a top-level ``trainopt`` object with the imports it needs first.
 
     The result runs as a script in a fresh interpreter where ``trainopt`` is installed: names the
     object uses that its module imports are imported the same way, and names the module defines
-    itself (helpers, constants) are imported from the module.
+    itself (helpers, constants) are imported from the module. Unless ``docstrings`` is true, the
+    docstrings of the object and of everything defined inside it are left out: on a page, the
+    prose around the block is the docstring.
     """
     _, module_name, attr = resolve(dotted)
     module = importlib.import_module(module_name)
@@ -128,8 +132,11 @@ def source_with_imports(dotted: str) -> str:
         isinstance(n, ast.ImportFrom) and n.module == "__future__" for n in tree.body
     )
     lines = source.splitlines()
+    if not docstrings:
+        lines = _without_docstrings(lines, node)
     first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-    body = textwrap.dedent("\n".join(lines[first - 1 : node.end_lineno]))
+    kept = [line for line in lines[first - 1 : node.end_lineno] if line != _GONE]
+    body = textwrap.dedent("\n".join(kept))
     header = (["from __future__ import annotations", ""] if future else []) + sorted(
         set(imports), key=_import_sort_key
     )
@@ -138,17 +145,53 @@ def source_with_imports(dotted: str) -> str:
     return ("\n".join(header) + "\n\n\n" if header else "") + body + "\n"
 
 
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+_GONE = "\x00"  # marks a removed line, so that line numbers stay valid until the end
+
+
+def _without_docstrings(lines: list[str], node: ast.AST) -> list[str]:
+    """``lines`` with the docstrings of ``node`` and of every definition inside it blanked out.
+
+    A removed line becomes a marker that the caller drops; a body that held only its docstring
+    gets ``...`` so the code still parses.
+    """
+    lines = list(lines)
+    for sub in ast.walk(node):
+        if not isinstance(sub, _DEFS) or not sub.body:
+            continue
+        first = sub.body[0]
+        if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)):
+            continue
+        start, end = first.lineno, first.end_lineno
+        indent = lines[start - 1][: len(lines[start - 1]) - len(lines[start - 1].lstrip())]
+        for i in range(start - 1, end):
+            lines[i] = _GONE
+        if len(sub.body) == 1:
+            lines[start - 1] = indent + "..."
+        # a blank line right after a removed docstring would open the body with a gap
+        elif end < len(lines) and not lines[end].strip():
+            lines[end] = _GONE
+    return lines
+
+
 def _import_sort_key(stmt: str) -> tuple[int, str]:
     return (0 if stmt.startswith("import ") else 1, stmt)
 
 
 class TrainoptSource(SphinxDirective):
-    """Show a ``trainopt`` object's source, with the imports it needs."""
+    """Show a ``trainopt`` object's source without its docstrings, with the imports it needs.
+
+    The block sits in a sphinx-design dropdown, closed by default and titled with the object's
+    dotted path: a reader who came for the call sees the usage; one who wants the code opens it.
+    """
 
     required_arguments = 1
-    option_spec = {"caption": directives.unchanged, "name": directives.unchanged}
+    option_spec = {"name": directives.unchanged}
 
     def run(self) -> list[nodes.Node]:
+        from sphinx_design.shared import create_component
+
         dotted = self.arguments[0]
         try:
             code = source_with_imports(dotted)
@@ -161,11 +204,25 @@ class TrainoptSource(SphinxDirective):
         literal = nodes.literal_block(code, code, language="python")
         literal["classes"].append("trainopt-source")
         self.set_source_info(literal)
-        rel = src_file.as_posix().split("/src/", 1)[-1]
-        caption = self.options.get("caption", f"{dotted.rsplit('.', 1)[-1]} — src/{rel}")
-        wrapped = container_wrapper(self, literal, caption)
-        self.add_name(wrapped)
-        return [wrapped]
+        # The same component the {dropdown} directive builds, so the theme styles it alike.
+        dropdown = create_component(
+            "dropdown", opened=False, type="dropdown", has_title=True, icon="code",
+            chevron=None, container_classes=["sd-mb-3", "trainopt-source-dropdown"],
+            title_classes=[], body_classes=[],
+        )
+        self.set_source_info(dropdown)
+        # A long path may wrap on a phone: only after a dot, never inside a name.
+        path = nodes.literal(dotted, "")
+        for i, part in enumerate(dotted.split(".")):
+            if i:
+                path += nodes.Text(".")
+                path += nodes.raw("", "<wbr>", format="html")
+            path += nodes.Text(part)
+        title = nodes.rubric(dotted, "", path)
+        dropdown += title
+        dropdown += literal
+        self.add_name(title)
+        return [dropdown]
 
 
 # --------------------------------------------------------------------------------------------
@@ -182,13 +239,89 @@ def _call(directive: SphinxDirective) -> Any:
     args: list[Any] = []
     if "data" in directive.options:
         data = Path(directive.env.srcdir) / directive.options["data"]
-        directive.env.note_dependency(str(data))
+        if data.exists():
+            directive.env.note_dependency(str(data))
+        else:
+            # A results file not recorded yet (a GPU run, say). Sphinx re-reads a page with a
+            # missing dependency on every build; instead, remember it and re-read the page once
+            # the file appears (``reread_when_data_appears``).
+            _missing_data(directive.env).setdefault(directive.env.docname, set()).add(str(data))
         args.append(data)
     return func(*args, **kwargs)
 
 
+MIN_TEXT_KEY = "trainopt_min_text_px"
+"""PNG tEXt key under which a generated figure records its smallest text height, in pixels."""
+
+FIGURE_DPI = 110
+
+
+def min_text_px(fig: Any, dpi: float = FIGURE_DPI) -> float:
+    """Height in pixels of the smallest visible text of ``fig`` when saved at ``dpi``.
+
+    Every visible, non-empty ``Text`` artist counts: titles, labels, tick labels, legends and
+    annotations (font size in points × dpi / 72).
+    """
+    from matplotlib.text import Text
+
+    fig.canvas.draw()  # tick labels exist only once drawn
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    if not sizes:
+        return float("inf")
+    return round(min(sizes) * dpi / 72, 2)
+
+
+def save_figure(fig: Any, target: Path) -> bool:
+    """Save ``fig`` as PNG at ``target`` with its smallest text height in the PNG's metadata.
+
+    The file is replaced only if its bytes change, so a rebuild that draws the same figure leaves
+    it (and its modification time) alone. Returns whether the file was written.
+    """
+    import io
+
+    buffer = io.BytesIO()
+    smallest = min_text_px(fig)
+    fig.savefig(buffer, dpi=FIGURE_DPI, bbox_inches="tight", format="png",
+                metadata={MIN_TEXT_KEY: f"{smallest:g}", "Software": None})
+    data = buffer.getvalue()
+    if target.exists() and target.read_bytes() == data:
+        return False
+    # Write then rename: two builds at once (tests, livehtml) never see a half-written PNG.
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, target)
+    return True
+
+
+def _missing_data(env: Any) -> dict[str, set[str]]:
+    if not hasattr(env, "trainopt_missing_data"):
+        env.trainopt_missing_data = {}
+    return env.trainopt_missing_data
+
+
+def reread_when_data_appears(app: Sphinx, env: Any, added: set[str], changed: set[str],
+                             removed: set[str]) -> list[str]:
+    """Pages that rendered a results file that was missing then and exists now."""
+    return [doc for doc, paths in _missing_data(env).items()
+            if doc not in removed and any(Path(p).exists() for p in paths)]
+
+
+def forget_missing_data(app: Sphinx, env: Any, docname: str) -> None:
+    _missing_data(env).pop(docname, None)
+
+
+def merge_missing_data(app: Sphinx, env: Any, docnames: set[str], other: Any) -> None:
+    for doc, paths in _missing_data(other).items():
+        if doc in docnames:
+            _missing_data(env)[doc] = set(paths)
+
+
 class TrainoptFigure(SphinxDirective):
-    """Render a figure returned by a ``trainopt`` function at build time."""
+    """Render a figure returned by a ``trainopt`` function at build time.
+
+    ``:alt:`` and ``:caption:`` are required: the caption says in one sentence what to look at.
+    The image links to its full-size PNG.
+    """
 
     required_arguments = 1
     option_spec = {
@@ -196,7 +329,7 @@ class TrainoptFigure(SphinxDirective):
         "kwargs": directives.unchanged,
         "data": directives.unchanged,
         "width": directives.unchanged,
-        "caption": directives.unchanged,
+        "caption": directives.unchanged_required,
     }
     has_content = False
 
@@ -206,8 +339,10 @@ class TrainoptFigure(SphinxDirective):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        if "alt" not in self.options:
-            raise self.error("trainopt-figure needs an :alt: text")
+        where = self.env.doc2path(self.env.docname)
+        for option in ("alt", "caption"):
+            if not self.options.get(option, "").strip():
+                raise self.error(f"{where}: trainopt-figure {self.arguments[0]} needs a :{option}: text")
         try:
             fig = _call(self)
         except Exception as exc:  # noqa: BLE001
@@ -217,18 +352,40 @@ class TrainoptFigure(SphinxDirective):
         name = f"{self.arguments[0].rsplit('.', 1)[-1]}-{digest}.png"
         out_dir = Path(self.env.srcdir) / "_generated"
         out_dir.mkdir(exist_ok=True)
-        # Write then rename: two builds at once (tests, livehtml) never see a half-written PNG.
-        tmp = out_dir / f".{name}.{os.getpid()}.tmp"
-        fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
-        plt.close(fig)
-        os.replace(tmp, out_dir / name)
+        try:
+            save_figure(fig, out_dir / name)
+        finally:
+            plt.close(fig)
         image = nodes.image(uri=f"/_generated/{name}", alt=self.options["alt"])
         if "width" in self.options:
             image["width"] = self.options["width"]
+        image["classes"].append("no-scaled-link")  # we link it ourselves, with or without :width:
         figure = nodes.figure("", image, classes=["trainopt-figure"])
-        if "caption" in self.options:
-            figure += nodes.caption(self.options["caption"], self.options["caption"])
-        return [figure]
+        caption = self.options["caption"]
+        textnodes, messages = self.state.inline_text(caption, self.lineno)
+        figure += nodes.caption(caption, "", *textnodes)
+        self.set_source_info(figure)
+        return [figure, *messages]
+
+
+def link_figures_to_full_size(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    """Wrap each trainopt figure's image in a link to the PNG the builder copies to ``_images``."""
+    if app.builder.format != "html":
+        return
+    from sphinx.util.osutil import relative_uri
+
+    for figure in doctree.findall(nodes.figure):
+        if "trainopt-figure" not in figure["classes"]:
+            continue
+        for image in list(figure.findall(nodes.image)):
+            if isinstance(image.parent, nodes.reference):
+                continue
+            target = relative_uri(app.builder.get_target_uri(docname),
+                                  f"{app.builder.imagedir}/{Path(image['uri']).name}")
+            reference = nodes.reference("", "", refuri=target, internal=True,
+                                        classes=["trainopt-figure-link"])
+            image.replace_self(reference)
+            reference += image
 
 
 class TrainoptRender(SphinxDirective):
@@ -346,5 +503,9 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("trainopt-render", TrainoptRender)
     app.add_directive("trainopt-cards", TrainoptCards)
     app.connect("doctree-read", add_difficulty_badge)
+    app.connect("doctree-resolved", link_figures_to_full_size)
+    app.connect("env-get-outdated", reread_when_data_appears)
+    app.connect("env-purge-doc", forget_missing_data)
+    app.connect("env-merge-info", merge_missing_data)
     app.connect("html-page-context", add_meta_description)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -396,5 +396,5 @@ def synthetic_batch(
     """
     seq_len = seq_len or config.block_size
     tokens = torch.randint(0, config.vocab_size, (batch_size, seq_len + 1), generator=generator)
-    tokens = tokens.to(device)
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    tokens = tokens.to(device)  # clone: at batch 1 .contiguous() returns views of one storage
+    return tokens[:, :-1].clone(), tokens[:, 1:].clone()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
 import pytest
@@ -86,13 +87,37 @@ def test_custom_config_builds_the_registered_polynomial_schedule():
 def test_exponent_without_a_dot_is_read_as_a_string_by_yaml_and_converted(tmp_path):
     text = yaml.safe_dump(GOOD).replace("0.001", "1e-3")
     assert yaml.safe_load(text)["training"]["optimizer"]["lr"] == "1e-3"
-    assert load_config(write(tmp_path, text)).optimizer.lr == 1e-3
+    with pytest.warns(UserWarning, match=r"training\.optimizer\.lr: .*write 1\.0e-3$"):
+        assert load_config(write(tmp_path, text)).optimizer.lr == 1e-3
 
 
 def test_min_lr_written_without_a_dot_is_converted(tmp_path):
     text = yaml.safe_dump(GOOD).replace("1.0e-05", "1e-5")
     assert "1e-5" in text
-    assert load_config(write(tmp_path, text)).scheduler.params["min_lr"] == 1e-5
+    with pytest.warns(UserWarning, match=r"training\.scheduler\.min_lr: .*write 1\.0e-5$"):
+        assert load_config(write(tmp_path, text)).scheduler.params["min_lr"] == 1e-5
+
+
+@pytest.mark.parametrize(("written", "spelling"), [("1e-4", "1.0e-4"), ("1.0e5", "1.0e+5"), ("3E-4", "3.0e-4")])
+def test_a_float_yaml_reads_as_a_string_is_converted_with_a_message_naming_the_field_and_the_fix(
+        tmp_path, written, spelling):
+    """A dot is not enough: PyYAML reads 1.0e5 as a string too; the message says 1.0e+5."""
+    text = yaml.safe_dump(GOOD).replace("0.001", written)
+    assert yaml.safe_load(text)["training"]["optimizer"]["lr"] == written  # a string, not a float
+    with pytest.warns(UserWarning) as caught:
+        config = load_config(write(tmp_path, text))
+    assert config.optimizer.lr == float(written)
+    (message,) = [str(w.message) for w in caught]
+    assert message.startswith(f"training.optimizer.lr: YAML read {written} as the string {written!r}")
+    assert "signed exponent" in message and message.endswith(f"write {spelling}")
+    assert yaml.safe_load(f"lr: {spelling}")["lr"] == float(written)  # the fix is what YAML reads
+
+
+def test_a_float_written_as_yaml_reads_it_loads_without_a_message(tmp_path):
+    text = yaml.safe_dump(GOOD).replace("0.001", "1.0e+5")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_config(write(tmp_path, text)).optimizer.lr == 1e5
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,27 @@ def test_audit_names_file_and_line_of_each_bad_block(tmp_path: Path, snippet: st
     assert len(problems) == 1 and problems[0].startswith("page.md:5:") and message in problems[0], problems
 
 
+@pytest.mark.parametrize("condition", [
+    "True", "1", "not False", "1 > 0", "(True)", "True or False", "'yes'", "[0]",
+])
+def test_audit_rejects_an_always_true_skip_condition(tmp_path: Path, condition: str) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(f'# Title\n\nText.\n\n% skip: next if({condition}, reason="needs CUDA")\n\n'
+                    "```python\nprint(1)\n```\n")
+    problems = problems_in(page, tmp_path)
+    assert len(problems) == 1 and problems[0].startswith("page.md:5:") and "constant" in problems[0], problems
+
+
+@pytest.mark.parametrize("condition", [
+    "not torch.cuda.is_available()", "torch.cuda.device_count() < 2", "sys.platform == 'win32'",
+    "not HAS_CUDA",
+])
+def test_audit_accepts_a_skip_condition_that_reads_the_machine(tmp_path: Path, condition: str) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(f'# T\n\n% skip: next if({condition}, reason="needs CUDA")\n\n```python\nx = 1\n```\n')
+    assert problems_in(page, tmp_path) == []
+
+
 def test_audit_accepts_executed_skipped_with_reason_and_included_blocks(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text(

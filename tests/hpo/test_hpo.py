@@ -33,8 +33,8 @@ from trainopt.hpo import (
     open_storage,
     params_at_edge,
     run_worker,
-    seed_lr_range,
     tune,
+    with_lr_range_from_finder,
 )
 from trainopt.hpo.digits import digits_objective, train_digits
 from trainopt.hpo.plots import plot_history, plot_importances, plot_intermediate, plot_pareto, save_plots
@@ -171,9 +171,31 @@ def test_lr_finder_suggestion_sets_the_lr_bounds(one_thread) -> None:
     finder = LearningRateFinder(model, optimizer, train, torch.nn.functional.cross_entropy)
     finder.find_lr(start_lr=1e-5, end_lr=1.0, num_steps=60)
     suggestion = finder.suggest_lr()
-    seeded = seed_lr_range(SearchSpace.from_dict({"lr": LR}), finder)
-    assert (seeded["lr"].low, seeded["lr"].high) == pytest.approx((suggestion / 10, suggestion * 3))
-    assert seeded["lr"].log
+    narrowed = with_lr_range_from_finder(SearchSpace.from_dict({"lr": LR}), finder)
+    assert (narrowed["lr"].low, narrowed["lr"].high) == pytest.approx((suggestion / 10, suggestion * 3))
+    assert narrowed["lr"].log
+
+
+@pytest.mark.parametrize("below, above", [(10.0, 3.0), (3.0, 3.0), (10.0, 10.0), (2.0, 8.0)])
+def test_lr_bounds_have_their_log_centre_at_the_suggestion_times_sqrt_above_over_below(below, above) -> None:
+    low, high = lr_bounds_from_finder(3e-3, below, above)
+    assert math.sqrt(low * high) == pytest.approx(3e-3 * math.sqrt(above / below))
+
+
+def test_default_lr_bounds_lean_below_the_suggestion_and_equal_margins_centre_them() -> None:
+    low, high = lr_bounds_from_finder(1e-2)
+    assert math.sqrt(low * high) == pytest.approx(1e-2 * math.sqrt(0.3)) and math.sqrt(low * high) < 1e-2
+    low, high = lr_bounds_from_finder(1e-2, below=5.0, above=5.0)
+    assert math.sqrt(low * high) == pytest.approx(1e-2)
+
+
+def test_pareto_front_uses_non_strict_dominance() -> None:
+    """A trial tied on one objective and worse on the other is dominated, as the page defines it."""
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    for values in [(1.0, 2.0), (1.0, 3.0), (2.0, 1.0), (3.0, 3.0), (2.0, 1.0)]:
+        study.add_trial(optuna.trial.create_trial(values=list(values)))
+    front = sorted(tuple(trial.values) for trial in study.best_trials)
+    assert front == [(1.0, 2.0), (2.0, 1.0), (2.0, 1.0)]  # equal trials don't dominate each other
 
 
 @pytest.mark.parametrize("bad", [0.0, -1e-3, math.nan, math.inf, "3e-3"])

@@ -153,3 +153,19 @@ def test_the_command_tunes_your_objective_from_the_folder_it_runs_in(tmp_path: P
     assert result.returncode == 0, result.stderr
     assert "study my_tuning: 6 trials, 6 complete" in result.stdout and "Pareto front" in result.stdout
     assert (folder / "my_tuning-plots" / "my_tuning-pareto.png").exists()
+
+
+def test_no_hpo_module_summary_holds_a_double_dash() -> None:
+    """The API reference shows each module's first paragraph as plain text, where `--` becomes an en-dash."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import trainopt.hpo
+
+    for info in pkgutil.walk_packages(trainopt.hpo.__path__, prefix="trainopt.hpo."):
+        if info.name.rsplit(".", 1)[-1].startswith("_"):
+            continue  # not in the reference
+        doc = inspect.getdoc(importlib.import_module(info.name)) or ""
+        summary = doc.strip().split("\n\n")[0]
+        assert "--" not in summary and "\u2013" not in summary, (info.name, summary)

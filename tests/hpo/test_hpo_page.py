@@ -21,9 +21,11 @@ PAGE = ROOT / "docs" / "guides" / "training-optimization" / "hyperparameter-opti
 
 
 def console_blocks() -> list[list[str]]:
-    """The commands (``$ `` lines, prompt removed) of each console block of the page."""
+    """The commands (``$ `` lines, prompt removed, continued lines joined) of each console block of the page."""
     blocks = re.findall(r"^```console\n(.*?)^```", PAGE.read_text(), flags=re.M | re.S)
-    return [[line[2:] for line in block.splitlines() if line.startswith("$ ")] for block in blocks]
+    # a line ending in a backslash goes on in the next one, as in the shell
+    joined = [re.sub(r"\\\n\s*", "", block) for block in blocks]
+    return [[line[2:] for line in block.splitlines() if line.startswith("$ ")] for block in joined]
 
 
 def console_block(containing: str) -> list[str]:

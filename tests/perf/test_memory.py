@@ -371,3 +371,33 @@ def _expandable_in_subprocess(conf: str | None) -> str:
 def test_expandable_segments_env_var_reaches_the_allocator():
     assert _expandable_in_subprocess("expandable_segments:True") == "True"
     assert _expandable_in_subprocess(None) == "False"
+
+
+def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(v.untyped_storage().nbytes() for state in optimizer.state.values()
+               for v in state.values() if isinstance(v, torch.Tensor))
+
+
+@pytest.mark.parametrize("name", ["adamw", "adafactor"])
+def test_optimizer_state_bytes_is_what_torch_allocates(name):
+    from trainopt.perf.estimate import optimizer_state_bytes
+
+    if name == "adafactor" and not hasattr(torch.optim, "Adafactor"):
+        pytest.skip("torch.optim.Adafactor needs torch >= 2.5")
+    model = _tiny()
+    optimizer = {"adamw": torch.optim.AdamW, "adafactor": getattr(torch.optim, "Adafactor", None)}[name](
+        model.parameters())
+    x, y = synthetic_batch(model.config, batch_size=2, seq_len=16)
+    model(x, targets=y).backward()
+    optimizer.step()
+    assert _state_bytes(optimizer) == optimizer_state_bytes(model.parameters(), name)
+
+
+def test_optimizer_state_bytes_of_8bit_adamw_is_a_quarter_of_adamw_on_large_tensors():
+    from trainopt.perf.estimate import optimizer_state_bytes
+
+    large, small = torch.empty(4096, 4096, device="meta"), torch.empty(100, device="meta")
+    assert optimizer_state_bytes([large], "adamw8bit") == 2 * 4096**2 + 2 * 4 * 4096**2 // 2048 + 4
+    assert optimizer_state_bytes([small], "adamw8bit") == optimizer_state_bytes([small], "adamw")
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        optimizer_state_bytes([small], "lion")

@@ -186,3 +186,26 @@ def test_every_precision_runs_a_step_on_cuda_when_supported(name):
     precision.backward(loss)
     precision.step(opt)
     assert torch.isfinite(model.weight).all()
+
+
+def test_native_bf16_supported_is_false_without_cuda_and_ignores_emulation(monkeypatch):
+    from trainopt.perf.precision import native_bf16_supported
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert native_bf16_supported() is False
+    calls = []
+
+    def is_bf16_supported(including_emulation=True):
+        calls.append(including_emulation)
+        return including_emulation  # an emulating GPU: True only when emulation counts
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    assert native_bf16_supported() is False and calls == [False]
+
+
+def test_make_scaler_passes_the_growth_interval_to_both_kinds():
+    from trainopt.perf.precision import make_scaler
+
+    for kind in ("torch", "trainopt"):
+        assert make_scaler(kind, "cpu", 8.0, growth_interval=3).get_growth_interval() == 3

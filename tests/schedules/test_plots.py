@@ -42,7 +42,7 @@ def test_figures_are_returned_with_their_curves(make, lines):
     if lines is not None:
         assert len(fig.axes[0].get_lines()) == lines
     else:
-        assert len(fig.axes) == 6
+        assert len(fig.axes) == 4
 
 
 def test_lr_monitor_figure_shows_both_param_groups_reaching_min_lr():

@@ -15,7 +15,7 @@ import torch
 from optimizer_configs import HELD, ids
 from trainopt.stability.clipping import AdaptiveGradientClipper, ZScoreClipper
 from trainopt.models import GPT, digits_mlp, gpt_config, synthetic_batch
-from trainopt.perf.bench.stability import bare_step, seed_style_step
+from trainopt.perf.bench.stability import bare_step, per_parameter_sync_step
 from trainopt.schedules.adapters import cosine_annealing_schedule
 from trainopt.stability.stabilizer import TrainingStabilizer
 from trainopt.stability.syncs import HostSyncCounter
@@ -92,13 +92,13 @@ def test_the_boundary_is_where_the_host_reads() -> None:
     assert counter.count >= 1 and stabilizer.last_report is not None
 
 
-def test_counter_catches_the_seed_style_per_parameter_item_calls() -> None:
-    """The proof can fail: the seed's monitoring reads the device once per parameter."""
+def test_counter_catches_a_naive_stacks_per_parameter_item_calls() -> None:
+    """The proof can fail: a naive stack's monitoring reads the device once per parameter."""
     model, compute_loss = _gpt()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     history: list[float] = []
     with HostSyncCounter() as counter:
-        seed_style_step(model, opt, compute_loss, None, history)
+        per_parameter_sync_step(model, opt, compute_loss, None, history)
     n_params = sum(1 for p in model.parameters() if p.requires_grad)
     assert counter.count >= n_params + 1
 

@@ -9,15 +9,18 @@ A config file holds one ``training`` section with an ``optimizer`` and a ``sched
 :func:`load_config` reads it with ``yaml.safe_load`` and checks every field before anything
 trains. Errors are :class:`ConfigError` and name the dotted field and the allowed values.
 
-YAML 1.1 (PyYAML) reads ``1e-4`` as the *string* ``"1e-4"``: it wants a dot (``1.0e-4``).
-Float fields accept such strings and convert them, since the intent is plain; integer fields
-(steps) must be written as integers.
+YAML 1.1 (PyYAML) reads a float with an exponent only when it has a dot *and* a signed
+exponent: ``1.0e-4`` and ``1.0e+5`` are floats, while ``1e-4`` and ``1.0e5`` are the *strings*
+``"1e-4"`` and ``"1.0e5"``. Float fields accept such strings and convert them, since the intent is
+plain, with a warning that names the field and the spelling YAML reads (``1.0e+5``); integer
+fields (steps) must be written as integers.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,9 +121,43 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
+def yaml_float_spelling(text: str) -> str:
+    """How to write ``text`` so that YAML 1.1 reads a float: a dot and a signed exponent.
+
+    Example:
+        >>> from trainopt.config.training import yaml_float_spelling
+        >>> yaml_float_spelling("1e-4"), yaml_float_spelling("1.0e5"), yaml_float_spelling("2E3")
+        ('1.0e-4', '1.0e+5', '2.0e+3')
+    """
+    mantissa, _, exponent = text.strip().lower().partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    elif mantissa.endswith("."):
+        mantissa += "0"
+    if mantissa.lstrip("+-").startswith("."):
+        mantissa = mantissa.replace(".", "0.", 1)
+    if not exponent:
+        return mantissa
+    if exponent[0] not in "+-":
+        exponent = "+" + exponent
+    return f"{mantissa}e{exponent}"
+
+
+def _number_from_string(value: str, path: str) -> float:
+    """A float field that YAML handed over as a string: convert it, and say how to spell it."""
+    spelling = yaml_float_spelling(value)
+    if "e" in value.lower():
+        why = "a YAML 1.1 float with an exponent needs a dot and a signed exponent"
+    else:
+        why = "it was quoted"
+    warnings.warn(f"{path}: YAML read {value} as the string {value!r} ({why}); using "
+                  f"{float(value)!r}; write {spelling}", UserWarning, stacklevel=4)
+    return float(value)
+
+
 def _float(value: Any, path: str, low: float = 0.0, high: float = math.inf) -> float:
     if isinstance(value, str) and FLOAT_STRING.match(value.strip()):
-        value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string: convert it
+        value = _number_from_string(value, path)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(path, f"must be a number in [{low}, {high}], got {value!r}")
     if not low <= value <= high:
@@ -177,7 +214,7 @@ def _optimizer(data: Any, path: str) -> OptimizerConfig:
 def _beta(value: Any, path: str) -> float:
     """A decay rate: a number in [0, 1) (torch refuses 1.0, where the average never moves)."""
     if isinstance(value, str) and FLOAT_STRING.match(value.strip()):
-        value = float(value)
+        value = _number_from_string(value, path)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise ConfigError(path, f"must be a number in [0, 1), got {value!r}")
     return float(value)

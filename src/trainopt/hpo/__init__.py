@@ -3,18 +3,19 @@
 - :mod:`~trainopt.hpo.space`: search spaces declared in YAML and validated early
   (:class:`~trainopt.hpo.space.SearchSpace`), the edge check
   (:func:`~trainopt.hpo.space.params_at_edge`), learning-rate bounds from an LR range test
-  (:func:`~trainopt.hpo.space.seed_lr_range`).
+  (:func:`~trainopt.hpo.space.with_lr_range_from_finder`).
 - :mod:`~trainopt.hpo.config`: the tuning config, which names your objective
   (:func:`~trainopt.hpo.config.load_hpo_config`).
 - :mod:`~trainopt.hpo.study`: samplers, pruners, an exact trial budget
-  (:func:`~trainopt.hpo.study.create_study`, :func:`~trainopt.hpo.study.tune`).
+  (:func:`~trainopt.hpo.study.create_study`, :func:`~trainopt.hpo.study.tune`), and the
+  isolation plot's values (:func:`~trainopt.hpo.study.isolation`).
 - :mod:`~trainopt.hpo.workers`: the worker loop that any number of processes share
   (:func:`~trainopt.hpo.workers.run_worker`).
 - :mod:`~trainopt.hpo.storage`: storages with atomic claims and heartbeats, so that a dead
   worker's trial runs again (:func:`~trainopt.hpo.storage.open_storage`).
 - :mod:`~trainopt.hpo.reporter`: :class:`~trainopt.hpo.reporter.TrialReporter`, the training loop's side.
 - :mod:`~trainopt.hpo.digits`: the examples' task (AdamW on the digits MLP).
-- :mod:`~trainopt.hpo.plots`: history, importances, learning curves, Pareto front.
+- :mod:`~trainopt.hpo.plots`: history, importances, learning curves, Pareto front, isolation.
 - ``python -m trainopt.hpo CONFIG --n-trials N``: the command line (:mod:`~trainopt.hpo.cli`).
 """
 
@@ -26,7 +27,7 @@ from trainopt.hpo.space import (
     load_search_space,
     lr_bounds_from_finder,
     params_at_edge,
-    seed_lr_range,
+    with_lr_range_from_finder,
 )
 from trainopt.hpo.storage import open_storage
 from trainopt.hpo.study import (
@@ -45,5 +46,5 @@ __all__ = [
     "PRUNERS", "SAMPLERS", "HPOConfig", "ParamSpec", "SearchSpace", "TrialDiverged", "TrialReporter",
     "best_trials_text", "budget_trials", "create_study", "load_hpo_config", "load_objective", "load_search_space",
     "lr_bounds_from_finder", "make_pruner", "make_sampler", "open_storage", "params_at_edge", "run_trial",
-    "run_worker", "seed_lr_range", "tune",
+    "run_worker", "tune", "with_lr_range_from_finder",
 ]

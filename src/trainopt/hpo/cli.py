@@ -1,6 +1,6 @@
-"""``python -m trainopt.hpo CONFIG [--n-trials N] [--storage URL]``: tune the objective a config names.
+"""The tuning command line: tune the objective a config names, on one machine or many.
 
-The config names your objective (``objective: my_train:objective``) or, without one, tunes the
+``python -m trainopt.hpo CONFIG [--n-trials N] [--storage URL]``. The config names your objective (``objective: my_train:objective``) or, without one, tunes the
 digits example (see :mod:`trainopt.hpo.config`). With ``--n-trials`` the command creates the
 study (or tops it up to ``N`` trials in all) and works on it; ``--create-only`` stops after
 that. Without ``--n-trials`` it is one more worker on an existing study: start as many as you

@@ -18,7 +18,7 @@ import optuna
 from matplotlib.figure import Figure
 from optuna.visualization import matplotlib as optuna_mpl
 
-PLOTS = ("history", "importances", "intermediate", "pareto")
+PLOTS = ("history", "importances", "intermediate", "pareto", "isolation")
 _DEMO_STUDIES: dict[tuple[Any, ...], optuna.Study] = {}
 
 
@@ -114,6 +114,42 @@ def plot_pareto(study: optuna.Study, target_names: list[str] | None = None) -> F
     return _figure(optuna_mpl.plot_pareto_front, study, target_names=target_names)
 
 
+def plot_isolation(study: optuna.Study, scientific: str) -> Figure:
+    """The isolation plot: the best objective for each value of a scientific hyperparameter.
+
+    The line joins :func:`~trainopt.hpo.study.isolation`'s values, the best over the nuisance
+    hyperparameters for each value; the grey dots are the single trials behind them. Values
+    are placed in order, evenly spaced, and labelled.
+
+    Example:
+        >>> import optuna
+        >>> from trainopt.hpo.plots import plot_isolation
+        >>> study = optuna.create_study()
+        >>> study.optimize(lambda trial: trial.suggest_categorical("wd", [0.0, 0.1]) + trial.suggest_float("lr", 0, 1),
+        ...                n_trials=6)
+        >>> ax = plot_isolation(study, "wd").axes[0]
+        >>> [label.get_text() for label in ax.get_xticklabels()]
+        ['0', '0.1']
+    """
+    from trainopt.hpo.study import isolation
+
+    best = isolation(study, scientific)
+    position = {value: i for i, value in enumerate(best)}
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.add_subplot()
+    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    dots = [(position[t.params[scientific]], t.value) for t in trials if scientific in t.params]
+    ax.scatter(*zip(*dots), color="0.6", s=18, label="single trials")
+    ax.plot(list(position.values()), list(best.values()), marker="o", color="C0", label="best per value")
+    ax.set_xticks(list(position.values()), [f"{v:g}" if isinstance(v, float) else str(v) for v in best])
+    ax.set_xlabel(scientific)
+    ax.set_ylabel("objective value")
+    ax.set_title(f"Isolation plot: {scientific}")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
 def save_plots(study: optuna.Study, out_dir: str | Path) -> list[Path]:
     """Write the plots that fit the study as PNG files into ``out_dir``; return their paths.
 
@@ -190,6 +226,33 @@ def demo_study(objectives: tuple[str, ...] = ("val_loss",), n_trials: int = 16, 
     return _DEMO_STUDIES[key]
 
 
+def demo_isolation_study(steps: int = 100) -> optuna.Study:
+    """A grid over the digits MLP's width (scientific) and learning rate (nuisance), run once.
+
+    Example:
+        >>> from trainopt.hpo.plots import demo_isolation_study
+        >>> sorted({trial.params["hidden"] for trial in demo_isolation_study(steps=20).trials})
+        [16, 64, 256]
+    """
+    key = ("isolation", steps)
+    if key not in _DEMO_STUDIES:
+        from trainopt.hpo.digits import digits_objective
+        from trainopt.hpo.space import SearchSpace
+        from trainopt.hpo.study import tune
+
+        space = SearchSpace.from_dict({"hidden": {"type": "categorical", "choices": [16, 64, 256]},
+                                       "lr": {"type": "categorical", "choices": [1e-3, 3e-3, 1e-2, 3e-2]}})
+        verbosity = optuna.logging.get_verbosity()
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        try:
+            _DEMO_STUDIES[key] = tune(partial(digits_objective, steps=steps), space, 12,
+                                      study_name="demo-isolation", storage=":memory:", sampler="grid",
+                                      pruner=None)
+        finally:
+            optuna.logging.set_verbosity(verbosity)
+    return _DEMO_STUDIES[key]
+
+
 def demo_figure(plot: str = "history") -> Figure:
     """One plot of a :func:`demo_study` (the hyperparameter-optimization page's figures).
 
@@ -201,6 +264,8 @@ def demo_figure(plot: str = "history") -> Figure:
     """
     if plot not in PLOTS:
         raise ValueError(f"plot must be one of {list(PLOTS)}, got {plot!r}")
+    if plot == "isolation":
+        return plot_isolation(demo_isolation_study(), "hidden")
     if plot == "pareto":
         return plot_pareto(demo_study(("val_loss", "n_params")), target_names=["validation loss", "parameters"])
     study = demo_study()

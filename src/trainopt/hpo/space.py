@@ -262,20 +262,25 @@ def params_at_edge(params: Mapping[str, Any], space: SearchSpace, margin: float 
 
 
 def lr_bounds_from_finder(finder_or_lr: Any, below: float = 10.0, above: float = 3.0) -> tuple[float, float]:
-    """Learning-rate bounds around an LR range test's suggestion: ``(lr / below, lr * above)``.
+    """Learning-rate bounds around an LR range test's suggestion ``s``: ``(s / below, s * above)``.
+
+    The default range ``[s / 10, 3 s]`` is not centred on ``s``: on a log scale its centre is
+    ``s * sqrt(above / below)``, about ``0.55 s``. It leans low on purpose, because the range
+    test's steepest point is already close to where training diverges. ``below == above``
+    centres it on ``s``.
 
     Args:
         finder_or_lr: A :class:`trainopt.schedules.finder.LearningRateFinder` after ``find_lr`` (its
             ``suggest_lr()`` is used), or the suggested learning rate itself.
         below: How far under the suggestion the range starts.
-        above: How far over it the range ends (the range test's steepest point is already
-            close to where training diverges, so the upper margin is smaller).
+        above: How far over it the range ends.
 
     Example:
+        >>> import math
         >>> from trainopt.hpo import lr_bounds_from_finder
         >>> low, high = lr_bounds_from_finder(3e-3)
-        >>> f"{low:.1e} {high:.1e}"
-        '3.0e-04 9.0e-03'
+        >>> f"{low:.1e} {high:.1e}", f"{math.sqrt(low * high) / 3e-3:.3f}"
+        ('3.0e-04 9.0e-03', '0.548')
     """
     lr = finder_or_lr.suggest_lr() if hasattr(finder_or_lr, "suggest_lr") else finder_or_lr
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
@@ -285,18 +290,19 @@ def lr_bounds_from_finder(finder_or_lr: Any, below: float = 10.0, above: float =
     return float(lr) / below, float(lr) * above
 
 
-def seed_lr_range(space: SearchSpace, finder_or_lr: Any, name: str = "lr", below: float = 10.0,
-                  above: float = 3.0) -> SearchSpace:
+def with_lr_range_from_finder(space: SearchSpace, finder_or_lr: Any, name: str = "lr",
+                              below: float = 10.0, above: float = 3.0) -> SearchSpace:
     """A copy of ``space`` whose learning-rate range comes from an LR range test.
+
+    The range is :func:`lr_bounds_from_finder`'s, ``[s / below, s * above]``, log-scaled.
 
     Example:
         >>> from trainopt.hpo import SearchSpace
-        >>> from trainopt.hpo import seed_lr_range
+        >>> from trainopt.hpo import with_lr_range_from_finder
         >>> space = SearchSpace.from_dict({"lr": {"type": "float", "low": 1e-5, "high": 1.0, "log": True}})
-        >>> seeded = seed_lr_range(space, 3e-3)
-        >>> f'{seeded["lr"].low:.1e} {seeded["lr"].high:.1e}', seeded["lr"].log
+        >>> narrowed = with_lr_range_from_finder(space, 3e-3)
+        >>> f'{narrowed["lr"].low:.1e} {narrowed["lr"].high:.1e}', narrowed["lr"].log
         ('3.0e-04 9.0e-03', True)
     """
     low, high = lr_bounds_from_finder(finder_or_lr, below, above)
     return space.with_bounds(name, low, high)
-

@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.exceptions import ExperimentalWarning
@@ -32,7 +33,10 @@ def make_sampler(name: str, seed: int | None = None,
     """The sampler called ``name``.
 
     - ``"qmc"``: scrambled Sobol points: quasi-random search, to explore a new space evenly.
-    - ``"tpe"``: tree-structured Parzen estimator: Bayesian optimization, to exploit.
+    - ``"tpe"``: tree-structured Parzen estimator: Bayesian optimization, to exploit. With
+      ``constant_liar=True`` (Optuna 5's default, not 4's, so set here) the trials other
+      workers are still running count as bad results, so that workers asking at the same time
+      don't all get points near the current best.
     - ``"gp"``: Gaussian-process Bayesian optimization (needs ``torch`` and ``scipy``).
     - ``"random"``: independent uniform draws.
     - ``"grid"``: every combination of ``space`` (each parameter needs choices or a step).
@@ -48,7 +52,7 @@ def make_sampler(name: str, seed: int | None = None,
             return optuna.samplers.QMCSampler(qmc_type="sobol", scramble=True, seed=seed,
                                               warn_independent_sampling=False)
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
@@ -197,6 +201,43 @@ def tune(objective: Objective, space: SearchSpace, n_trials: int, *, study_name:
                          pruner=pruner, seed=seed, space=space, heartbeat=heartbeat)
     run_worker(study, space, objective, show_progress_bar=show_progress_bar)
     return study
+
+
+def isolation(study: optuna.Study, scientific: str) -> dict[Any, float]:
+    """The best objective value for each value of the ``scientific`` hyperparameter.
+
+    Every other tuned hyperparameter is a nuisance one, optimized away: for each value of
+    ``scientific``, the best of the completed trials that used it (lowest or highest, by the
+    study's direction). Plotted, this is the Tuning Playbook's isolation plot. Give the
+    scientific hyperparameter a few discrete values (``categorical`` or ``step``), so that
+    several trials share each one.
+
+    Example:
+        >>> import optuna
+        >>> from trainopt.hpo.study import isolation
+        >>> study = optuna.create_study()
+        >>> dist = {"wd": optuna.distributions.CategoricalDistribution([0.0, 0.1]),
+        ...         "lr": optuna.distributions.FloatDistribution(1e-3, 1e-1)}
+        >>> for wd, lr, loss in [(0.0, 1e-2, 0.5), (0.0, 1e-3, 0.4), (0.1, 1e-2, 0.3)]:
+        ...     study.add_trial(optuna.trial.create_trial(
+        ...         params={"wd": wd, "lr": lr}, distributions=dist, value=loss))
+        >>> isolation(study, "wd")
+        {0.0: 0.4, 0.1: 0.3}
+    """
+    if len(study.directions) > 1:
+        raise ValueError(f"isolation needs a single-objective study, got {len(study.directions)} objectives")
+    pick = min if study.direction == optuna.study.StudyDirection.MINIMIZE else max
+    best: dict[Any, float] = {}
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if scientific in trial.params:
+            value = trial.params[scientific]
+            best[value] = pick(best.get(value, trial.value), trial.value)
+    if not best:
+        raise ValueError(f"no completed trial has the hyperparameter {scientific!r}")
+    try:
+        return dict(sorted(best.items()))
+    except TypeError:  # choices of mixed types: keep the order the trials first used them in
+        return best
 
 
 def best_trials_text(study: optuna.Study) -> str:

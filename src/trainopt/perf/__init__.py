@@ -1,9 +1,11 @@
 """Performance: the code of the Advanced Performance pages.
 
-- :mod:`~trainopt.perf.precision`: fp32, tf32, bf16 or fp16 by one name (mixed precision page).
-- :mod:`~trainopt.perf.memory`, :mod:`~trainopt.perf.estimate` and :mod:`~trainopt.perf.peak`:
-  activation checkpointing, memory per phase, snapshots, the memory estimate, and the peak of a
-  step measured on any device (memory page).
+- :mod:`~trainopt.perf.precision` and :mod:`~trainopt.perf.rounding`: fp32, tf32, bf16 or fp16 by one
+  name, and stochastic rounding to bf16 (mixed precision page).
+- :mod:`~trainopt.perf.memory`, :mod:`~trainopt.perf.estimate`, :mod:`~trainopt.perf.peak` and
+  :mod:`~trainopt.perf.cross_entropy`: activation checkpointing, memory per phase, snapshots, the
+  memory estimate, the peak of a step measured on any device, and the chunked cross-entropy
+  (memory page).
 - :mod:`~trainopt.perf.profiling`: torch.profiler and step timing (profiling page).
 - :mod:`~trainopt.perf.throughput`: tokens/s, step-time percentiles, MFU and alerts (monitoring page).
 - :mod:`trainopt.perf.distributed`: DDP, FSDP2, rank agreement and the distributed page's checks.
@@ -12,11 +14,13 @@
 """
 
 from trainopt.perf.bench.mfu import mfu
+from trainopt.perf.cross_entropy import chunked_linear_cross_entropy
 from trainopt.perf.estimate import (
     MemoryEstimate,
     bytes_per_parameter,
     estimate_training_memory,
     gpt_activation_bytes,
+    optimizer_state_bytes,
 )
 from trainopt.perf.memory import (
     MemoryTracker,
@@ -36,6 +40,7 @@ from trainopt.perf.precision import (
     PrecisionNotSupportedError,
     check_supported,
     make_scaler,
+    native_bf16_supported,
     supported_precisions,
 )
 from trainopt.perf.profiling import (
@@ -48,6 +53,7 @@ from trainopt.perf.profiling import (
     profile_steps,
     summarize,
 )
+from trainopt.perf.rounding import stochastic_round_to_bf16
 from trainopt.perf.throughput import (
     MemoryNearLimitAlert,
     ThroughputDropAlert,
@@ -60,8 +66,9 @@ __all__ = [
     "PRECISIONS", "LiveStorageTracker", "MatmulSettings", "MemoryEstimate", "MemoryNearLimitAlert",
     "MemoryTracker", "PhaseMemory", "Precision", "PrecisionNotSupportedError", "StepProfiler", "StepTimer",
     "ThroughputDropAlert", "ThroughputMonitor", "allocator_settings", "apply_activation_checkpointing",
-    "bytes_per_parameter", "check_supported", "clock_mark", "elapsed_ms", "estimate_training_memory",
-    "expandable_segments_in_use", "gpt_activation_bytes", "make_scaler", "measure_peak_memory", "mfu",
+    "bytes_per_parameter", "check_supported", "chunked_linear_cross_entropy", "clock_mark", "elapsed_ms", "estimate_training_memory",
+    "expandable_segments_in_use", "gpt_activation_bytes", "make_scaler", "measure_peak_memory", "mfu", "native_bf16_supported",
+    "optimizer_state_bytes",
     "percentile", "profile_steps", "read_jsonl", "record_memory_history", "remove_activation_checkpointing",
-    "saved_activation_bytes", "summarize", "supported_precisions",
+    "saved_activation_bytes", "stochastic_round_to_bf16", "summarize", "supported_precisions",
 ]

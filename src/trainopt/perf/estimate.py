@@ -12,6 +12,7 @@ tests hold the estimate to it within 5%.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -55,6 +56,46 @@ def bytes_per_parameter(optimizer: str = "adamw", weights_dtype: torch.dtype = t
     size = torch.empty((), dtype=weights_dtype).element_size()
     return {"weights": size, "gradients": size, "optimizer_states": OPTIMIZER_STATE_BYTES[optimizer],
             "master_weights": 4 if master_weights else 0}
+
+
+STATE_OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw8bit", "adafactor")
+
+
+def optimizer_state_bytes(parameters: Iterable[torch.Tensor], optimizer: str = "adamw",
+                          block_size: int = 2048, min_8bit_size: int = 4096) -> int:
+    """Bytes of optimizer state for ``parameters``, from their shapes alone (``meta`` works).
+
+    - ``"adamw"``: two fp32 moments and a 4-byte step per tensor, as ``torch.optim.AdamW``.
+    - ``"adamw8bit"``: both moments in 8 bits with one fp32 absmax per ``block_size`` values
+      (block-wise quantization, as in bitsandbytes' ``AdamW8bit``); tensors smaller than
+      ``min_8bit_size`` keep fp32 moments. An estimate: bitsandbytes is not a dependency.
+    - ``"adafactor"``: no first moment; the second moment of a matrix is factored into one
+      fp32 row and one fp32 column vector, a vector's is kept whole; a 4-byte step per tensor,
+      as ``torch.optim.Adafactor``.
+
+    Example:
+        >>> import torch
+        >>> from trainopt.perf import optimizer_state_bytes
+        >>> weight = torch.empty(1024, 4096, device="meta")
+        >>> {name: round(optimizer_state_bytes([weight], name) / weight.numel(), 3)
+        ...  for name in ("adamw", "adamw8bit", "adafactor")}  # bytes per parameter
+        {'adamw': 8.0, 'adamw8bit': 2.004, 'adafactor': 0.005}
+    """
+    if optimizer not in STATE_OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {list(STATE_OPTIMIZERS)}, got {optimizer!r}")
+    total = 0
+    for param in parameters:
+        n = param.numel()
+        if optimizer == "adamw":
+            total += 8 * n + 4
+        elif optimizer == "adamw8bit":
+            total += 8 * n + 4 if n < min_8bit_size else 2 * n + 2 * 4 * -(-n // block_size) + 4
+        elif param.dim() >= 2:
+            rows, cols = param.shape[-2:]
+            total += 4 * (n // (rows * cols)) * (rows + cols) + 4
+        else:
+            total += 4 * n + 4
+    return total
 
 
 def gpt_activation_bytes(config: Any, batch_size: int, seq_len: int, precision: str = "bf16",

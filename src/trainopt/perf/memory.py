@@ -245,6 +245,10 @@ def record_memory_history(path: str | Path, max_entries: int = 100_000,
         RuntimeError: CUDA is not available.
 
     Example:
+        >>> import pickle
+        >>> import tempfile
+        >>> import torch
+        >>> from pathlib import Path
         >>> from trainopt.perf import record_memory_history
         >>> try:
         ...     with record_memory_history("snapshot.pickle", device="cpu"):
@@ -252,6 +256,17 @@ def record_memory_history(path: str | Path, max_entries: int = 100_000,
         ... except ValueError as error:
         ...     print(error)
         record_memory_history records CUDA allocations: device must be a CUDA device, got 'cpu'
+
+        .. skip: start if(not torch.cuda.is_available(), reason="needs CUDA")
+
+        >>> path = Path(tempfile.mkdtemp()) / "snapshot.pickle"
+        >>> with record_memory_history(path):
+        ...     block = torch.ones(2**20, device="cuda")  # 4 MiB
+        >>> snapshot = pickle.loads(path.read_bytes())
+        >>> any(e["action"] == "alloc" and e["size"] == 2**22 for e in snapshot["device_traces"][0])
+        True
+
+        .. skip: end
     """
     if torch.device(device).type != "cuda":
         raise ValueError(f"record_memory_history records CUDA allocations: device must be a CUDA device, "
@@ -305,6 +320,19 @@ def expandable_segments_in_use(segments: list[dict[str, Any]] | None = None) -> 
         True
         >>> expandable_segments_in_use([{"is_expandable": True}, {"is_expandable": False}])
         False
+
+        On a GPU, the live allocator's answer follows ``PYTORCH_CUDA_ALLOC_CONF``:
+
+        >>> import torch
+        >>> from trainopt.perf import allocator_settings
+
+        .. skip: start if(not torch.cuda.is_available(), reason="needs CUDA")
+
+        >>> wanted = allocator_settings().get("expandable_segments") == "True"
+        >>> expandable_segments_in_use() == wanted
+        True
+
+        .. skip: end
     """
     if segments is None:
         if not torch.cuda.is_available():

@@ -10,7 +10,7 @@
   ``scaler="torch"``: the same interface); ``bf16`` has fp32's exponent range and needs none.
 
 It checks the hardware first and says what is allowed when the choice can't run:
-``bf16`` runs on a CPU and on CUDA GPUs where ``torch.cuda.is_bf16_supported()``; ``fp16``
+``bf16`` runs on a CPU and on CUDA GPUs with native bf16 (:func:`native_bf16_supported`); ``fp16``
 and ``tf32`` need CUDA (TF32 needs compute capability 8.0, Ampere, or newer).
 """
 
@@ -139,12 +139,12 @@ def _unsupported_reason(name: str, device: torch.device) -> str | None:
     index = device.index if device.index is not None else torch.cuda.current_device()
     if name == "tf32" and torch.cuda.get_device_capability(index) < (8, 0):
         return "needs a CUDA GPU of compute capability 8.0 (Ampere) or newer"
-    if name == "bf16" and not _cuda_bf16_supported():
-        return "needs a CUDA GPU where torch.cuda.is_bf16_supported() is True"
+    if name == "bf16" and not native_bf16_supported(index):
+        return "needs a CUDA GPU with native bf16 (compute capability 8.0, Ampere, or newer)"
     return None
 
 
-def make_scaler(kind: str, device_type: str, init_scale: float = 2.0**16) -> Any:
+def make_scaler(kind: str, device_type: str, init_scale: float = 2.0**16, growth_interval: int = 2000) -> Any:
     """A dynamic loss scaler: ``"trainopt"`` (:class:`~trainopt.stability.scaling.DynamicLossScaler`)
     or ``"torch"`` (``torch.amp.GradScaler``); both have GradScaler's interface.
 
@@ -158,10 +158,10 @@ def make_scaler(kind: str, device_type: str, init_scale: float = 2.0**16) -> Any
     if kind not in SCALERS:
         raise ValueError(f"scaler must be one of {list(SCALERS)}, got {kind!r}")
     if kind == "torch":
-        return torch.amp.GradScaler(device_type, init_scale=init_scale)
+        return torch.amp.GradScaler(device_type, init_scale=init_scale, growth_interval=growth_interval)
     from trainopt.stability.scaling import DynamicLossScaler
 
-    return DynamicLossScaler(init_scale=init_scale)
+    return DynamicLossScaler(init_scale=init_scale, growth_interval=growth_interval)
 
 
 def _autocast_available(device_type: str) -> bool:
@@ -169,8 +169,27 @@ def _autocast_available(device_type: str) -> bool:
     return device_type == "cpu" if is_available is None else bool(is_available(device_type))
 
 
-def _cuda_bf16_supported() -> bool:
-    try:  # torch >= 2.3 can report emulated bf16 as supported; ask for the native kind
+def native_bf16_supported(device: int | str | torch.device | None = None) -> bool:
+    """Whether a CUDA GPU runs bf16 natively (compute capability 8.0, Ampere, or newer).
+
+    ``torch.cuda.is_bf16_supported()`` also counts emulation by default, so it says ``True`` on
+    a V100 or a T4, where bf16 matmuls run through fp32 units, slower than fp16. This asks for
+    the native kind (``including_emulation=False``); torch versions without that argument
+    reported the native kind already. ``False`` where CUDA is not available.
+
+    Example:
+        >>> import torch
+        >>> from trainopt.perf import native_bf16_supported
+        >>> native_bf16_supported() == (torch.cuda.is_available()
+        ...                             and torch.cuda.get_device_capability() >= (8, 0))
+        True
+    """
+    if not torch.cuda.is_available():
+        return False
+    if device is not None:
+        with torch.cuda.device(device):
+            return native_bf16_supported()
+    try:
         return torch.cuda.is_bf16_supported(including_emulation=False)
     except TypeError:
         return torch.cuda.is_bf16_supported()
@@ -218,7 +237,7 @@ class Precision:
     @classmethod
     def from_name(
         cls, name: str, device: str | torch.device = "cpu", *, init_scale: float = 2.0**16,
-        scaler: str = "trainopt",
+        growth_interval: int = 2000, scaler: str = "trainopt",
     ) -> Precision:
         """Set up precision ``name`` for ``device`` after checking the hardware supports it.
 
@@ -227,6 +246,7 @@ class Precision:
                 ``"bf16"`` or ``"fp16"`` (autocast; weights and optimizer stay fp32).
             device: The device the model trains on.
             init_scale: First loss scale of the fp16 scaler.
+            growth_interval: Clean steps in a row before the fp16 scaler doubles its scale.
             scaler: ``"trainopt"`` (:class:`~trainopt.stability.scaling.DynamicLossScaler`) or
                 ``"torch"`` (``torch.amp.GradScaler``); used for fp16 only.
 
@@ -250,7 +270,7 @@ class Precision:
         check_supported(name, device)
         device_type = torch.device(device).type
         matmul = MatmulSettings("high" if name == "tf32" else "highest", name == "tf32")
-        loss_scaler = make_scaler(scaler, device_type, init_scale) if name == "fp16" else None
+        loss_scaler = make_scaler(scaler, device_type, init_scale, growth_interval) if name == "fp16" else None
         return cls(name, device_type, _AUTOCAST_DTYPES[name], matmul, loss_scaler)
 
     def autocast(self) -> torch.autocast:

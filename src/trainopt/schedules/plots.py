@@ -20,6 +20,13 @@ from trainopt.schedules.monitor import LRMonitor
 from trainopt.schedules.registry import build_scheduler
 
 
+FONT_PT = 10
+"""Size of the text in the gallery: 15 px at the site's 110 dpi, above 9 px at 800 px wide."""
+
+_STYLE = {"font.size": FONT_PT, "axes.titlesize": FONT_PT, "axes.labelsize": FONT_PT,
+          "xtick.labelsize": FONT_PT, "ytick.labelsize": FONT_PT, "legend.fontsize": FONT_PT}
+
+
 def _optimizer(base_lr: float) -> torch.optim.Optimizer:
     return torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=base_lr)
 
@@ -118,7 +125,7 @@ def plot_cyclical_modes(step_size: int = 100, base_lr: float = 1e-4, max_lr: flo
     for mode in ("triangular", "triangular2", "exp_range"):
         sched = CyclicalLearningRate(_optimizer(1.0), base_lr, max_lr, step_size, mode, gamma)
         ax.plot(debug_lr_schedule(sched, num_steps), label=mode)
-    ax.legend(title="mode", fontsize=8)
+    ax.legend(title="mode")
     _finish(ax, f"cyclical(step_size={step_size}, gamma={gamma} for exp_range)")
     return fig
 
@@ -163,35 +170,51 @@ def plot_adaptive(initial_lr: float = 1e-3, min_lr: float = 1e-5, window: int = 
 
 
 def schedule_gallery(total_steps: int = 1000, base_lr: float = 1e-3) -> Any:
-    """Every built-in schedule on one page of plots.
+    """The four fixed single-curve schedules, two by two, readable in a column 800 px wide.
+
+    Linear warm-up and decay, cosine to ``min_lr``, step decay and the custom polynomial decay,
+    over 20 % more than ``total_steps`` so each shows that it holds its last value (dotted line:
+    ``total_steps``). WSD and the cyclical modes have figures of their own
+    (:func:`plot_wsd_decays`, :func:`plot_cyclical_modes`).
 
     Example:
         >>> from trainopt.schedules.plots import schedule_gallery
         >>> import matplotlib.pyplot as plt
         >>> fig = schedule_gallery(total_steps=200)
         >>> len(fig.axes), fig.axes[2].get_title()
-        (6, 'step_decay(decay_steps=50, decay_rate=0.5)')
+        (4, 'step decay')
         >>> plt.close(fig)
     """
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(12, 6), constrained_layout=True)
-    warmup = total_steps // 20
-    plot_schedule("linear_warmup_decay", base_lr, ax=axes[0, 0], total_steps=total_steps,
-                  warmup_steps=warmup)
-    plot_schedule("cosine_annealing", base_lr, ax=axes[0, 1], total_steps=total_steps,
-                  warmup_steps=warmup, min_lr=base_lr / 10)
-    plot_schedule("step_decay", base_lr, num_steps=total_steps, ax=axes[0, 2],
-                  decay_steps=total_steps // 4, decay_rate=0.5)
-    plot_wsd_decays(total_steps, warmup, total_steps // 5, base_lr, base_lr / 100, ax=axes[1, 0])
-    plot_cyclical_modes(total_steps // 8, base_lr / 10, base_lr, num_steps=total_steps, ax=axes[1, 1])
     from trainopt.schedules.registry import PolynomialDecaySchedule
 
+    warmup = total_steps // 20
+    num_steps = int(total_steps * 1.2) + 1
     custom = PolynomialDecaySchedule(base_lr, total_steps, warmup, base_lr / 10)
-    axes[1, 2].plot([custom.get_lr(s) for s in range(int(total_steps * 1.2))])
-    _finish(axes[1, 2], "PolynomialDecaySchedule (custom)")
-    for ax in axes.flat:
-        ax.title.set_fontsize(8)
+    panels = [
+        ("linear warm-up + decay", schedule_values(
+            "linear_warmup_decay", num_steps, base_lr, total_steps=total_steps, warmup_steps=warmup)),
+        ("cosine to min_lr", schedule_values(
+            "cosine_annealing", num_steps, base_lr, total_steps=total_steps, warmup_steps=warmup,
+            min_lr=base_lr / 10)),
+        ("step decay", schedule_values(
+            "step_decay", num_steps, base_lr, decay_steps=total_steps // 4, decay_rate=0.5)),
+        ("polynomial (custom)", [custom.get_lr(s) for s in range(num_steps)]),
+    ]
+    with plt.rc_context(_STYLE):
+        fig, axes = plt.subplots(2, 2, figsize=(7, 4.8), sharex=True, sharey=True,
+                                 constrained_layout=True)
+        for ax, (title, values) in zip(axes.flat, panels):
+            ax.plot(values)
+            ax.axvline(total_steps, color="0.6", linestyle=":", linewidth=1)
+            ax.set_title(title)
+            ax.grid(alpha=0.3)
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+        for ax in axes[1]:
+            ax.set_xlabel("step")
+        for ax in axes[:, 0]:
+            ax.set_ylabel("learning rate")
     return fig
 
 

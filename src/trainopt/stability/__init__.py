@@ -16,6 +16,7 @@
   in one training step, with no host sync; :mod:`~trainopt.stability.distributed`: every
   decision agreed over the ranks.
 - :mod:`~trainopt.stability.recipe`: the page's complete recipe as a command that resumes.
+- :mod:`~trainopt.stability.logits`: z-loss and QK-norm, which keep a large model's logits small.
 - :mod:`~trainopt.stability.syncs`: count host-device synchronisations.
 - :mod:`~trainopt.stability.faults`: the page's fault-injection run (a demonstration).
 """
@@ -32,6 +33,7 @@ from trainopt.stability.clipping import (
 from trainopt.stability.data import ResumableSampler
 from trainopt.stability.distributed import any_rank, broadcast_from_rank0, is_main_process
 from trainopt.stability.gradients import GradientMonitor, nonfinite_gradients
+from trainopt.stability.logits import qk_norm, z_loss
 from trainopt.stability.monitors import LossSpikeDetector, LossStabilityMonitor
 from trainopt.stability.optimizers import UnsupportedOptimizerError, check_skippable, skips_in_kernel
 from trainopt.stability.rates import UnsupportedSchedulerError, check_scalable, lr_scale, scale_learning_rate
@@ -51,6 +53,6 @@ __all__ = [
     "TrainingStabilizer", "UnsupportedOptimizerError", "UnsupportedSchedulerError", "ZScoreClipper",
     "adaptive_clip_grad_", "any_rank", "broadcast_from_rank0", "check_scalable", "check_skippable",
     "clip_gradients", "clip_grads_with_norm_", "fused_step", "get_rng_state", "is_main_process",
-    "lr_scale", "masked_step", "nanmedian", "nonfinite_gradients", "robust_zscore",
-    "scale_learning_rate", "set_rng_state", "skips_in_kernel", "total_grad_norm",
+    "lr_scale", "masked_step", "nanmedian", "nonfinite_gradients", "qk_norm", "robust_zscore",
+    "scale_learning_rate", "set_rng_state", "skips_in_kernel", "total_grad_norm", "z_loss",
 ]

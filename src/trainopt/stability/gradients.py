@@ -45,8 +45,8 @@ class GradientMonitor:
     (the same value :func:`torch.nn.utils.clip_grad_norm_` computes, so a clipper can reuse it).
 
     A gradient *explosion* is a global norm above ``explosion_factor`` times the median of the
-    last ``window_size`` finite norms. Comparing against the median, rather than the seed's
-    "max > 10 × min" of the window, does not flag a healthy run whose gradient norm falls.
+    last ``window_size`` finite norms. Comparing against the median, rather than testing
+    "max > 10 × min" over the window, does not flag a healthy run whose gradient norm falls.
 
     Args:
         model_or_optimizer: A module (one group) or an optimizer (one group per param group).

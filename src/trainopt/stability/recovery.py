@@ -65,7 +65,8 @@ class TrainingRecovery:
         scheduler: The learning-rate scheduler, restored and scaled with the optimizer.
         scaler: A loss scaler (``torch.amp.GradScaler`` interface) to restore, if any.
         lr_factor: Learning-rate multiplier applied at each recovery (cumulative).
-        skip_batches: Batches to skip after a rollback (large runs skip the data around a spike).
+        skip_batches: Batches to skip after a rollback. PaLM restarted about 100 steps before a
+            spike and skipped 200 to 500 batches (Chowdhery et al. 2022, arXiv:2204.02311).
         max_recovery_attempts: Rollbacks allowed before :class:`TrainingInstabilityError`.
         spike_threshold: Robust z-score above which a loss is a spike.
         explosion_factor: Ratio to the median gradient norm that counts as an explosion.
@@ -135,7 +136,7 @@ class TrainingRecovery:
         The newest loss is tested against the ones before it: non-finite, or a robust z-score
         above ``spike_threshold``. The newest gradient norm is tested against the median of
         the ones before it (``explosion_factor`` times). A falling loss or gradient norm is
-        never unstable (the seed's "max > 10 × min" rule flagged those).
+        never unstable (a "max > 10 × min" rule over the window flags those).
         """
         if losses:
             last = float(losses[-1])

@@ -29,12 +29,15 @@ def adaptive_clip_grad_(
                {\\lVert G_i \\rVert} \\quad\\text{if}\\quad
                \\lVert G_i \\rVert > \\lambda \\max(\\lVert W_i \\rVert, \\epsilon).
 
-    The paper applies it to every layer except the final classifier; pass the parameters to
-    clip accordingly. No host sync: the choice is a ``torch.where``.
+    It bounds the ratio :math:`\\lVert G_i \\rVert / \\lVert W_i \\rVert` of each unit's
+    *gradient* to its weights, not the update: the optimizer turns the clipped gradient into an
+    update (Adam rescales it, momentum adds history), so the update's ratio can be larger. The
+    paper applies it to every layer except the final classifier; pass the parameters to clip
+    accordingly. No host sync: the choice is a ``torch.where``.
 
     Args:
         parameters: A module, a tensor, or an iterable of tensors.
-        clip_factor: :math:`\\lambda`, the allowed gradient-to-weight norm ratio per unit.
+        clip_factor: :math:`\\lambda`, the largest gradient-to-weight norm ratio per unit.
         eps: :math:`\\epsilon`, keeps zero-initialised weights (biases) trainable.
 
     Example:

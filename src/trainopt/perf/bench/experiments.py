@@ -325,6 +325,19 @@ def write_snapshot(path: str | Path, size: str, precision_name: str, device: tor
         ... except ValueError as error:
         ...     print(error)
         write_snapshot records CUDA allocations: device must be a CUDA device, got 'cpu'
+
+        .. skip: start if(not torch.cuda.is_available(), reason="needs CUDA")
+
+        >>> import pickle
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> path = Path(tempfile.mkdtemp()) / "snapshot.pickle"
+        >>> out = write_snapshot(path, "tiny", "fp32", torch.device("cuda"), batch_size=2, seq_len=16)
+        >>> traces = pickle.loads(out.read_bytes())["device_traces"][0]
+        >>> sum(e["action"] == "alloc" for e in traces) > 0  # three steps' allocations
+        True
+
+        .. skip: end
     """
     if torch.device(device).type != "cuda":
         raise ValueError(f"write_snapshot records CUDA allocations: device must be a CUDA device, got {str(device)!r}")

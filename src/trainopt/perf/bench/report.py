@@ -160,7 +160,7 @@ def _stability_overhead(results: Results) -> list[str]:
     ms, ratios, cfg, sync = results["ms_per_step"], results["ratios"], results["config"], results["sync_check"]
     spans = {name: f"{min(t):.2f}–{max(t):.2f}" for name, t in results["window_ms"].items()}
     names = {"bare": "(a) bare step", "stabilizer": "(b) TrainingStabilizer",
-             "seed_style": "(c) seed-style `.item()` monitoring"}
+             "seed_style": "(c) naive: `.item()` once per parameter"}
     rows = [[names[v], f"{ms[v]:.2f}", spans[v], "—" if v == "bare" else _ratio3(ratios[f"{v}/bare"])]
             for v in ("bare", "stabilizer", "seed_style")]
     ratio = ratios["stabilizer/bare"]

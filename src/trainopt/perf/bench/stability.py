@@ -1,4 +1,4 @@
-"""What the stability stack costs per step: bare step vs :class:`TrainingStabilizer` vs a seed-style stack.
+"""What the stability stack costs per step: a bare step, the TrainingStabilizer, and a naive stack.
 
 One run times three variants of the same training step on the reference GPT
 (:mod:`trainopt.models`), in interleaved windows so that clock drift and thermal state hit all
@@ -7,8 +7,8 @@ three alike:
 - ``bare``: autocast forward, backward, fused AdamW step;
 - ``stabilizer``: the same step through :class:`~trainopt.stability.stabilizer.TrainingStabilizer`
   (monitors, clipping, on-device skip, boundaries every ``check_every`` steps);
-- ``seed_style``: the bare step plus what the seed's monitors do: a ``.item()`` per parameter
-  for the gradient norm, ``loss.item()`` for the loss history, and a host-side overflow test.
+- ``seed_style``: a naive stack, the bare step plus monitors that read the device once per
+  parameter: a ``.item()`` per parameter for the gradient norm, ``loss.item()`` for the loss history, and a host-side overflow test.
 
 Each window is timed by the benchmarks' one timer (:mod:`trainopt.perf.bench.timer`: CUDA
 events on a GPU, the wall clock on a CPU) after each variant has warmed up until its step time
@@ -66,10 +66,10 @@ def bare_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     return loss.detach()
 
 
-def seed_style_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    compute_loss: Callable[[], torch.Tensor], dtype: torch.dtype | None,
-                    history: list[float], max_norm: float = 1.0) -> torch.Tensor:
-    """(c) The seed's monitoring: one ``.item()`` per parameter, ``loss.item()``, a host overflow test.
+def per_parameter_sync_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                            compute_loss: Callable[[], torch.Tensor], dtype: torch.dtype | None,
+                            history: list[float], max_norm: float = 1.0) -> torch.Tensor:
+    """(c) A naive monitored step: one ``.item()`` per parameter, ``loss.item()``, a host overflow test.
 
     Every ``.item()`` waits for the GPU to finish the work queued so far, so the host cannot run
     ahead and the GPU idles while the host queues the next kernels.
@@ -79,12 +79,12 @@ def seed_style_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         >>> from trainopt.models import GPT
         >>> from trainopt.models import gpt_config
         >>> from trainopt.models import synthetic_batch
-        >>> from trainopt.perf.bench.stability import seed_style_step
+        >>> from trainopt.perf.bench.stability import per_parameter_sync_step
         >>> model = GPT(gpt_config("tiny"))
         >>> optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         >>> x, y = synthetic_batch(model.config, batch_size=2, seq_len=16)
         >>> history = []
-        >>> loss = seed_style_step(model, optimizer, lambda: model(x, targets=y), None, history)
+        >>> loss = per_parameter_sync_step(model, optimizer, lambda: model(x, targets=y), None, history)
         >>> len(history), history[0] == loss.item()  # the loss went to the host
         (1, True)
     """
@@ -201,8 +201,8 @@ def run(size: str | None = None, device: str | None = None, batch_size: int | No
     steps = {
         "bare": lambda: bare_step(models["bare"], optimizers["bare"], losses["bare"], autocast_dtype),
         "stabilizer": lambda: stabilizer.step(losses["stabilizer"]),
-        "seed_style": lambda: seed_style_step(models["seed_style"], optimizers["seed_style"],
-                                              losses["seed_style"], autocast_dtype, history),
+        "seed_style": lambda: per_parameter_sync_step(models["seed_style"], optimizers["seed_style"],
+                                                      losses["seed_style"], autocast_dtype, history),
     }
     warmup = {name: warm_up(steps[name], device_, min_steps=warmup_steps, window=steps_per_window,
                             max_steps=max_warmup_steps) for name in VARIANTS}

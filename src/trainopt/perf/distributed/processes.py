@@ -101,6 +101,8 @@ def init_from_env(backend: str | None = None) -> torch.device:
         >>> device, dist.get_world_size()
         (device(type='cpu'), 1)
         >>> dist.destroy_process_group()
+        >>> dist.is_initialized()
+        False
     """
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
