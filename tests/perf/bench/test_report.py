@@ -18,6 +18,7 @@ from trainopt.perf.bench.harness import run_matrix, speedup
 from trainopt.perf.bench.plots import plot_results
 from trainopt.perf.bench.report import NUMBER_FORMATS, PARTS, render
 from trainopt.perf.bench.results import SCHEMA, new_results, read_results
+from trainopt.perf.bench.scaling import run as run_scaling
 from trainopt.perf.bench.stability import run as run_stability
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -44,7 +45,8 @@ def documents(bench: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {"bench": bench,
             "stability": run_stability(size="tiny", device="cpu", batch_size=2, seq_len=16, steps_per_window=1,
                                        windows=2, warmup_steps=1, max_warmup_steps=3),
-            "experiments": run_experiments("tiny", "cpu", batch_size=2, seq_len=16, steps=2, warmup=1, max_warmup=4)}
+            "experiments": run_experiments("tiny", "cpu", batch_size=2, seq_len=16, steps=2, warmup=1, max_warmup=4),
+            "scaling": run_scaling(2, "tiny", batch_size=2, seq_len=16, steps=1, windows=2, max_warmup_windows=2)}
 
 
 def allowed_numbers(results: Any) -> set[str]:
@@ -105,6 +107,11 @@ def test_a_missing_file_is_one_line_naming_the_command(tmp_path: Path) -> None:
     text = render(tmp_path / "perf_h100.json")
     assert text.count("\n") == 1 and "|" not in text
     assert "`python -m trainopt.perf.bench all --preset h100 --out-dir docs/_data` on an H100" in text
+
+
+def test_a_missing_scaling_file_names_the_scaling_command(tmp_path: Path) -> None:
+    text = render(tmp_path / "bench_scaling_cpu.json")
+    assert text.count("\n") == 1 and "`python -m trainopt.perf.bench scaling" in text
 
 
 def test_the_reader_refuses_a_file_of_another_schema(tmp_path: Path) -> None:

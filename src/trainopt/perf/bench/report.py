@@ -307,6 +307,9 @@ PARTS: dict[str, dict[str, Callable[[Results], list[str]]]] = {
 
 
 def _missing(path: Path) -> str:
+    if path.stem.startswith("bench_scaling"):
+        return (f"*No results in `{path.name}` yet: `python -m trainopt.perf.bench scaling "
+                f"--out docs/_data/{path.name}` writes them.*\n")
     preset = path.stem.rsplit("_", 1)[-1]
     where = "on an H100" if preset == "h100" else "on the machine it names"
     return (f"*No results in `{path.name}` yet: `python -m trainopt.perf.bench all --preset {preset} "
