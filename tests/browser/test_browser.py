@@ -151,6 +151,7 @@ def test_grid_cards_lead_to_their_pages(browser: object, server: str, landing: s
 LAYOUT_JS = r"""
 async () => {
   if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  await document.fonts.ready;
   const article = document.querySelector('article.bd-article') || document.querySelector('main') || document.body;
   const px = (x) => Math.round(x * 10) / 10;
   const scrollsX = (el) => ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
@@ -211,14 +212,34 @@ async () => {
 }
 """
 
-BLOCK_JS = """cell => {
-  const wrapper = cell.closest('.literal-block-wrapper, div[class*=highlight-]');
-  const dd = cell.closest('dd');
-  const dt = dd && dd.previousElementSibling;
-  return {classes: cell.parentElement.className + ' ' + (wrapper ? wrapper.className : ''),
-          inDropdown: !!cell.closest('details'),
-          docstring: dt && dt.id ? dt.id : '(module docstring)'};
-}"""
+# Clicks every copy button of the page and keeps what each click copies: sphinx-copybutton hands the
+# text to ClipboardJS, which selects it in a hidden textarea and fires the document's copy event.
+COPY_ALL_JS = r"""
+async () => {
+  let copied = null;
+  document.addEventListener('copy', e => {
+    copied = e.target && e.target.value !== undefined ? e.target.value : document.getSelection().toString();
+  }, true);
+  const out = [];
+  const cells = Array.from(document.querySelectorAll('div.highlight'));
+  for (const [index, cell] of cells.entries()) {
+    const button = cell.querySelector('button.copybtn');
+    if (!button) continue;
+    const wrapper = cell.closest('.literal-block-wrapper, div[class*=highlight-]');
+    const dd = cell.closest('dd');
+    const dt = dd && dd.previousElementSibling;
+    copied = null;
+    button.click();
+    await new Promise(resolve => setTimeout(resolve, 0));
+    out.push({index, copied, shown: cell.querySelector('pre').innerText,
+              classes: cell.parentElement.className + ' ' + (wrapper ? wrapper.className : '')
+                       + (cell.closest('.trainopt-source, .trainopt-source-dropdown') ? ' trainopt-source' : ''),
+              inDropdown: !!cell.closest('details'),
+              docstring: dt && dt.id ? dt.id : '(module docstring)'});
+  }
+  return out;
+}
+"""
 
 
 def _survey(browser: object, server: str, width: int, height: int, copies: bool) -> dict[str, dict]:
@@ -227,12 +248,14 @@ def _survey(browser: object, server: str, width: int, height: int, copies: bool)
     page = context.new_page()
     found = {}
     for name in PAGES:
-        page.goto(f"{server}/{name}", wait_until="networkidle")
+        page.goto(f"{server}/{name}", wait_until="load")
+        # Copy buttons come once ClipboardJS has loaded; LAYOUT_JS waits for MathJax and fonts.
+        page.wait_for_function("!document.querySelector('div.highlight pre') || document.querySelector('button.copybtn')")
         found[name] = page.evaluate(LAYOUT_JS)
         if copies:
             # Dropdowns are measured closed; their copy buttons are clicked open, as a reader does.
             page.evaluate("document.querySelectorAll('details').forEach(d => { d.open = true; })")
-            found[name]["copies"] = _copy_all(page)
+            found[name]["copies"] = page.evaluate(COPY_ALL_JS)
     context.close()
     return found
 
@@ -257,25 +280,6 @@ def _expected_copy(text: str) -> str:
         # copy_empty_lines default).
         return "\n".join(PROMPT.sub("", line) for line in lines if PROMPT.match(line) or not line.strip())
     return "\n".join(lines)
-
-
-def _copy_all(page: object) -> list[dict]:
-    """Click every copy button of a page: the block's classes, where it sits, text shown and copied."""
-    results = []
-    cells = page.locator("div.highlight")
-    for i in range(cells.count()):
-        cell = cells.nth(i)
-        button = cell.locator("button.copybtn")
-        if button.count() == 0:
-            continue
-        info = cell.evaluate(BLOCK_JS)
-        shown = cell.locator("pre").inner_text()
-        page.evaluate("navigator.clipboard.writeText('')")
-        cell.hover()
-        button.click()
-        info.update(index=i, shown=shown, copied=page.evaluate("navigator.clipboard.readText()"))
-        results.append(info)
-    return results
 
 
 def _is_implementation(copy: dict) -> bool:
@@ -413,9 +417,19 @@ def _reader_pages() -> list[str]:
     return [name for name in PAGES if not name.startswith("reference/")]
 
 
-def test_copy_buttons_copy_exactly_the_code(survey: dict[str, dict]) -> None:
+def test_copy_buttons_copy_exactly_the_code(survey: dict[str, dict], browser: object, server: str) -> None:
     checked = 0
     failures = []
+    # The survey reads each copy from the page's copy event; check that against the real clipboard
+    # on the first block of the LR page.
+    lr = "guides/training-optimization/learning-rate-scheduling.html"
+    context, page, _ = _open(browser, f"{server}/{lr}")
+    cell = page.locator("div.highlight").nth(survey[lr]["copies"][0]["index"])
+    cell.hover()
+    cell.locator("button.copybtn").click()
+    clipboard = page.evaluate("navigator.clipboard.readText()")
+    context.close()
+    assert clipboard == survey[lr]["copies"][0]["copied"], (clipboard[:200], survey[lr]["copies"][0]["copied"][:200])
     for name, found in survey.items():
         for copy in found["copies"]:
             checked += 1
@@ -636,10 +650,13 @@ def test_grid_columns_and_no_word_broken_in_a_card(browser: object, server: str,
     lefts = page.eval_on_selector_all(".sd-card", "els => els.map(e => Math.round(e.getBoundingClientRect().left))")
     broken = page.evaluate(BROKEN_WORDS_JS)
     context.close()
-    if columns is not None:
-        assert len(set(lefts)) == columns, (
-            f"{landing}: {len(set(lefts))} columns at 1280 px (card left edges {lefts}), expected {columns}")
-    assert not broken, f"{landing}: words broken across lines at 1280 px (card, word, lines): {broken}"
+    failures = []
+    if columns is not None and len(set(lefts)) != columns:
+        failures.append(f"{landing}: {len(set(lefts))} columns at 1280 px (card left edges {lefts}), "
+                        f"expected {columns}")
+    failures += [f"{landing}: card {card} breaks {word!r} over {lines} lines at 1280 px"
+                 for card, word, lines in broken]
+    assert not failures, "\n".join(failures)
 
 
 def test_screenshots_of_the_grids_and_the_lr_page(browser: object, server: str) -> None:
