@@ -257,6 +257,10 @@ def _survey(browser: object, server: str, width: int, height: int, copies: bool)
             page.evaluate("document.querySelectorAll('details').forEach(d => { d.open = true; })")
             found[name]["copies"] = page.evaluate(COPY_ALL_JS)
     context.close()
+    # Every measurement, for whoever reads a failure (copies left out: they are the pages' code).
+    layout = {name: {k: v for k, v in page.items() if k != "copies"} for name, page in found.items()}
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / f"layout-{width}px.json").write_text(json.dumps(layout, indent=1) + "\n")
     return found
 
 
