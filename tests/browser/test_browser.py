@@ -1,9 +1,19 @@
 """The site as a reader meets it: headless Chromium (Playwright) against the built site on localhost.
 
 - every page loads with no console error, no failed request and no broken image;
-- the grid cards of the landing pages lead to the right pages;
-- every copy button puts exactly the code on the clipboard (no prompts, no output), and the copied
-  Python of each page, pasted in order into a fresh interpreter, runs;
+- the grid cards of the landing pages lead to the right pages; the Training Optimization grid has
+  2 columns and no card breaks a word at 1280 px;
+- every copy button puts exactly the code on the clipboard (no prompts, no output);
+- copied blocks run where a reader runs them, from an empty directory with the installed package:
+  each page's usage blocks in order in a fresh interpreter, the same blocks pasted line by line into
+  ``code.InteractiveConsole``, each implementation alone, and every docstring example of the API
+  reference alone in a fresh namespace (counts in ``test-artifacts/copied-blocks.json``);
+- pages under ``guides/``, ``advanced/`` and ``concepts/`` stay under 15,000 px at 1280 px with the
+  implementations folded (heights in ``test-artifacts/page-heights.json``);
+- nothing is clipped at 1280 px and 390 px: display maths, code outside dropdowns, wide tables, the
+  page itself;
+- every figure has a caption, opens its full-size PNG, and its smallest text is >= 9 px as displayed;
+- no visible sidebar is empty;
 - search finds the scheduling page for "cosine" and the stability page for "loss scaling";
 - light and dark themes and a phone-width viewport render the grids without overflow
   (screenshots kept under ``test-artifacts/screenshots``).
@@ -14,14 +24,19 @@ that reason elsewhere, except in CI (``CI`` set), where a missing browser is a f
 
 from __future__ import annotations
 
+import ast
 import functools
 import http.server
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,7 +46,12 @@ from audit import blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-ARTIFACTS = ROOT / "test-artifacts" / "screenshots"
+ARTIFACTS = ROOT / "test-artifacts"
+SCREENSHOTS = ARTIFACTS / "screenshots"
+BUDGETED = ("guides/", "advanced/", "concepts/")
+HEIGHT_BUDGET_PX = 15_000
+MIN_TEXT_PX = 9
+MIN_TEXT_KEY = "trainopt_min_text_px"  # PNG tEXt: smallest text height in px at the natural size
 CHROMIUM = os.environ.get("TRAINOPT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
@@ -123,6 +143,139 @@ def test_grid_cards_lead_to_their_pages(browser: object, server: str, landing: s
     context.close()
 
 
+# ---------------------------------------------------------------------------------------------
+# One pass over every page at 1280 px (layout, figures, sidebars, then every copy button) and one
+# at 390 px (layout only). The tests below read these surveys, so each page loads twice in all.
+# ---------------------------------------------------------------------------------------------
+
+LAYOUT_JS = r"""
+async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  await document.fonts.ready;
+  const article = document.querySelector('article.bd-article') || document.querySelector('main') || document.body;
+  const px = (x) => Math.round(x * 10) / 10;
+  const scrollsX = (el) => ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
+  // The nearest element from `el` up to (not including) the article that scrolls sideways.
+  const scroller = (el) => {
+    for (let a = el; a && a !== article; a = a.parentElement) if (scrollsX(a)) return a;
+    return null;
+  };
+  const where = (el) => {
+    const section = el.closest('section[id]');
+    return section ? '#' + section.id : '(top)';
+  };
+  const visible = (el) => {
+    if (!el) return false;
+    const r = el.getBoundingClientRect(), s = getComputedStyle(el);
+    return r.width > 0 && r.height > 0 && s.display !== 'none' && s.visibility !== 'hidden';
+  };
+  const articleStyle = getComputedStyle(article);
+  const articleContent = article.clientWidth - parseFloat(articleStyle.paddingLeft) - parseFloat(articleStyle.paddingRight);
+  const out = {
+    height: document.documentElement.scrollHeight,
+    overflow: document.documentElement.scrollWidth - document.documentElement.clientWidth,
+    article: px(articleContent),
+    math: [], code: [], tables: [], figures: [], sidebars: [],
+  };
+  article.querySelectorAll('div.math').forEach((m, i) => {
+    const formula = m.querySelector('mjx-math') || m;
+    out.math.push({index: i, where: where(m), width: px(formula.getBoundingClientRect().width),
+                   column: px(m.clientWidth), scrolls: !!scroller(formula.parentElement),
+                   text: m.textContent.trim().replace(/\s+/g, ' ').slice(0, 50)});
+  });
+  article.querySelectorAll('pre').forEach((p, i) => {
+    const lines = p.innerText.split('\n');
+    out.code.push({index: i, where: where(p), inDropdown: !!p.closest('details'),
+                   scrollWidth: p.scrollWidth, clientWidth: p.clientWidth,
+                   longest: Math.max(...lines.map(l => l.length)), first: lines[0].slice(0, 60)});
+  });
+  article.querySelectorAll('table').forEach((t, i) => {
+    out.tables.push({index: i, where: where(t), width: px(t.getBoundingClientRect().width),
+                     scrolls: !!scroller(t),
+                     head: (t.querySelector('th, td')?.textContent || '').trim().slice(0, 40)});
+  });
+  article.querySelectorAll('figure').forEach((f, i) => {
+    const img = f.querySelector('img');
+    const link = img && img.closest('a');
+    const caption = f.querySelector('figcaption');
+    out.figures.push({index: i, where: where(f), caption: caption ? caption.innerText.trim() : null,
+                      href: link ? link.href : null, src: img ? img.src : null,
+                      displayed: img ? img.getBoundingClientRect().width : null,
+                      natural: img ? img.naturalWidth : null});
+  });
+  for (const selector of ['.bd-sidebar-primary', '.bd-sidebar-secondary']) {
+    const bar = document.querySelector(selector);
+    if (visible(bar)) out.sidebars.push({selector,
+      links: Array.from(bar.querySelectorAll('a[href]')).filter(visible).length});
+  }
+  return out;
+}
+"""
+
+# Clicks every copy button of the page and keeps what each click copies: sphinx-copybutton hands the
+# text to ClipboardJS, which selects it in a hidden textarea and fires the document's copy event.
+COPY_ALL_JS = r"""
+async () => {
+  let copied = null;
+  document.addEventListener('copy', e => {
+    copied = e.target && e.target.value !== undefined ? e.target.value : document.getSelection().toString();
+  }, true);
+  const out = [];
+  const cells = Array.from(document.querySelectorAll('div.highlight'));
+  for (const [index, cell] of cells.entries()) {
+    const button = cell.querySelector('button.copybtn');
+    if (!button) continue;
+    const wrapper = cell.closest('.literal-block-wrapper, div[class*=highlight-]');
+    const dd = cell.closest('dd');
+    const dt = dd && dd.previousElementSibling;
+    copied = null;
+    button.click();
+    await new Promise(resolve => setTimeout(resolve, 0));
+    out.push({index, copied, shown: cell.querySelector('pre').innerText,
+              classes: cell.parentElement.className + ' ' + (wrapper ? wrapper.className : '')
+                       + (cell.closest('.trainopt-source, .trainopt-source-dropdown') ? ' trainopt-source' : ''),
+              inDropdown: !!cell.closest('details'),
+              docstring: dt && dt.id ? dt.id : '(module docstring)'});
+  }
+  return out;
+}
+"""
+
+
+def _survey(browser: object, server: str, width: int, height: int, copies: bool) -> dict[str, dict]:
+    context = browser.new_context(viewport={"width": width, "height": height},
+                                  permissions=["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    found = {}
+    for name in PAGES:
+        page.goto(f"{server}/{name}", wait_until="load")
+        # Copy buttons come once ClipboardJS has loaded; LAYOUT_JS waits for MathJax and fonts.
+        page.wait_for_function("!document.querySelector('div.highlight pre') || document.querySelector('button.copybtn')")
+        found[name] = page.evaluate(LAYOUT_JS)
+        if copies:
+            # Dropdowns are measured closed; their copy buttons are clicked open, as a reader does.
+            page.evaluate("document.querySelectorAll('details').forEach(d => { d.open = true; })")
+            found[name]["copies"] = page.evaluate(COPY_ALL_JS)
+    context.close()
+    # Every measurement, for whoever reads a failure (copies left out: they are the pages' code).
+    layout = {name: {k: v for k, v in page.items() if k != "copies"} for name, page in found.items()}
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / f"layout-{width}px.json").write_text(json.dumps(layout, indent=1) + "\n")
+    return found
+
+
+@pytest.fixture(scope="module")
+def survey(browser: object, server: str) -> dict[str, dict]:
+    """Every page at 1280 px: layout with dropdowns closed, figures, sidebars, every copy button."""
+    return _survey(browser, server, 1280, 900, copies=True)
+
+
+@pytest.fixture(scope="module")
+def survey_phone(browser: object, server: str) -> dict[str, dict]:
+    """Every page at 390 px: layout only."""
+    return _survey(browser, server, 390, 844, copies=False)
+
+
 def _expected_copy(text: str) -> str:
     """What a reader must get: prompt lines without prompts if the block has prompts, else all."""
     lines = text.rstrip("\n").split("\n")
@@ -133,83 +286,399 @@ def _expected_copy(text: str) -> str:
     return "\n".join(lines)
 
 
-def _copy_all(page: object) -> list[tuple[str, str, str]]:
-    """Click every copy button of a page: ``(block classes, text shown, text copied)``."""
-    results = []
-    cells = page.locator("div.highlight")
-    for i in range(cells.count()):
-        cell = cells.nth(i)
-        button = cell.locator("button.copybtn")
-        if button.count() == 0:
+def _is_implementation(copy: dict) -> bool:
+    return "trainopt-source" in copy["classes"]
+
+
+def _usage_blocks(name: str, copies: list[dict]) -> tuple[list[dict], str | None]:
+    """A page's usage blocks as copied, each with the skip condition its page puts before it.
+
+    Returns ``(blocks, problem)``: ``problem`` says why the copy buttons don't match the page's
+    ```` ```python ```` blocks one to one.
+    """
+    python = [c for c in copies if "highlight-python" in c["classes"] and not _is_implementation(c)]
+    fenced = [b for b in blocks(DOCS / name.replace(".html", ".md")) if b.info.split()[:1] == ["python"]]
+    if len(python) != len(fenced):
+        return [], f"{name}: {len(python)} python copy buttons for {len(fenced)} ```python blocks"
+    return [{"index": n, "line": block.line, "code": copy["copied"], "skip": _skip_condition(block.skipped_by)}
+            for n, (copy, block) in enumerate(zip(python, fenced), start=1)], None
+
+
+def _skip_condition(skip: str | None) -> str | None:
+    """``next if(<condition>, reason="...")`` -> ``<condition>``, evaluated as Sybil does: in the
+    page's namespace, when the block's turn comes."""
+    if skip is None:
+        return None
+    call = ast.parse("f" + skip.strip().removeprefix("next").strip().removeprefix("if"), mode="eval").body
+    assert isinstance(call, ast.Call) and call.args, skip
+    return ast.unparse(call.args[0])
+
+
+# The runners read JSON on stdin and keep their own names out of the reader's namespace: a block
+# that forgets an import fails as it would for a reader.
+RUN_IN_ORDER = r'''
+def _run():
+    import json, sys, traceback
+    blocks = json.load(sys.stdin)
+    namespace = globals()
+    del namespace["_run"]
+    for block in blocks:
+        if block["skip"] and eval(block["skip"], namespace):
             continue
-        classes = cell.evaluate("e => (e.parentElement.className + ' ' + e.closest('.literal-block-wrapper, div[class*=highlight-]')?.className)")
-        shown = cell.locator("pre").inner_text()
-        page.evaluate("navigator.clipboard.writeText('')")
-        cell.hover()
-        button.click()
-        copied = page.evaluate("navigator.clipboard.readText()")
-        results.append((classes, shown, copied))
-    return results
+        try:
+            exec(compile(block["code"], f"<block {block['index']}>", "exec"), namespace)
+        except BaseException:
+            traceback.print_exc()
+            print(f"\nFAILED: block {block['index']} (line {block['line']} of the page)", file=sys.stderr)
+            sys.exit(1)
+_run()
+'''
+
+RUN_IN_REPL = r'''
+def _run():
+    import code, json, sys, traceback
+    blocks = json.load(sys.stdin)
+    namespace = globals()
+    del namespace["_run"]
+
+    class Console(code.InteractiveConsole):
+        error = None
+
+        def showsyntaxerror(self, *args, **kwargs):
+            self.error = traceback.format_exc()
+
+        def showtraceback(self):
+            self.error = traceback.format_exc()
+
+    console = Console(locals=namespace)
+    for block in blocks:
+        if block["skip"] and eval(block["skip"], namespace):
+            continue
+        lines = block["code"].split("\n")
+        # The reader pastes the block, then presses Enter once.
+        for number, line in enumerate(lines + [""], start=1):
+            console.push(line)
+            if console.error:
+                print(console.error, file=sys.stderr)
+                shown = line if number <= len(lines) else "(Enter after the block)"
+                print(f"FAILED: block {block['index']} (line {block['line']} of the page), "
+                      f"line {number} of the block: {shown!r}", file=sys.stderr)
+                sys.exit(1)
+_run()
+'''
+
+# Each script alone, in a fresh namespace and a fresh empty directory; every failure is reported.
+RUN_EACH_ALONE = r'''
+def _run():
+    import json, os, sys, tempfile, traceback
+    scripts = json.load(sys.stdin)
+    del globals()["_run"]
+    base = os.getcwd()
+    failed = 0
+    for label, code in scripts:
+        os.chdir(tempfile.mkdtemp(dir=base))
+        try:
+            exec(compile(code, f"<{label}>", "exec"), {"__name__": "__main__"})
+        except BaseException:
+            failed += 1
+            print(f"FAILED: {label}\n{traceback.format_exc()[-1500:]}\n=====", file=sys.stderr)
+        if "matplotlib.pyplot" in sys.modules:
+            sys.modules["matplotlib.pyplot"].close("all")
+    sys.exit(1 if failed else 0)
+_run()
+'''
 
 
-def _fresh_python(code: str) -> subprocess.CompletedProcess[str]:
+def _fresh_python(runner: str, payload: object, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    """Run ``runner`` in a fresh interpreter started in an empty directory: the package comes from
+    ``src/`` (PYTHONPATH, so a worktree tests its own copy), never from the repository root."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRAINOPT_REQUIRE_CUDA")}
+    env["PYTHONPATH"] = str(ROOT / "src")
     env["MPLBACKEND"] = "Agg"
     # Run as text pasted into an interpreter: __main__ has no file, as in the REPL, so examples
     # that start worker processes (spawn) behave as they do for a reader at the prompt.
-    paste = "import sys; exec(compile(sys.stdin.read(), '<pasted>', 'exec'))"
-    return subprocess.run([sys.executable, "-c", paste], input=code, capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=600)
+    with tempfile.TemporaryDirectory(prefix="trainopt-reader-") as empty:
+        return subprocess.run([sys.executable, "-c", runner], input=json.dumps(payload),
+                              capture_output=True, text=True, cwd=empty, env=env, timeout=timeout)
 
 
-def _runnable_blocks(md: Path) -> list[bool]:
-    """For each ```python block of a page, whether a reader on this machine would run it."""
+def _run_all(jobs: list[tuple[str, str, object]]) -> list[tuple[str, subprocess.CompletedProcess[str]]]:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda job: _fresh_python(job[1], job[2]), jobs))
+    return [(label, result) for (label, _, _), result in zip(jobs, results)]
+
+
+def _record(artifact: str, key: str, value: object) -> None:
+    """Merge ``{key: value}`` into ``test-artifacts/<artifact>``."""
+    path = ARTIFACTS / artifact
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[key] = value
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _reader_pages() -> list[str]:
+    return [name for name in PAGES if not name.startswith("reference/")]
+
+
+def test_copy_buttons_copy_exactly_the_code(survey: dict[str, dict], browser: object, server: str) -> None:
+    checked = 0
+    failures = []
+    # The survey reads each copy from the page's copy event; check that against the real clipboard
+    # on the first block of the LR page.
+    lr = "guides/training-optimization/learning-rate-scheduling.html"
+    context, page, _ = _open(browser, f"{server}/{lr}")
+    cell = page.locator("div.highlight").nth(survey[lr]["copies"][0]["index"])
+    cell.hover()
+    cell.locator("button.copybtn").click()
+    clipboard = page.evaluate("navigator.clipboard.readText()")
+    context.close()
+    assert clipboard == survey[lr]["copies"][0]["copied"], (clipboard[:200], survey[lr]["copies"][0]["copied"][:200])
+    for name, found in survey.items():
+        for copy in found["copies"]:
+            checked += 1
+            expected = _expected_copy(copy["shown"])
+            if copy["copied"] != expected:
+                failures.append(f"{name} block {copy['index']}: copied {copy['copied'][:200]!r}, "
+                                f"expected {expected[:200]!r}")
+            if any(PROMPT.match(line) for line in copy["copied"].split("\n")):
+                failures.append(f"{name} block {copy['index']}: a prompt reached the clipboard: "
+                                f"{copy['copied'][:120]!r}")
+    assert checked > 0
+    assert not failures, "\n".join(failures)
+
+
+def test_copied_pages_run_in_order_from_an_empty_directory(survey: dict[str, dict]) -> None:
+    """Each page's usage blocks, as copied, in order in one fresh interpreter; each implementation
+    (folded or not) alone in a fresh namespace."""
+    failures = []
+    jobs = []
+    counts = {}
+    implementations = []
+    for name in _reader_pages():
+        usage, problem = _usage_blocks(name, survey[name]["copies"])
+        if problem:
+            failures.append(problem)
+        run = [b for b in usage if not (b["skip"] and _skipped_here(b["skip"]))]
+        counts[name] = len(run)
+        if usage:
+            jobs.append((f"{name} (its usage blocks, in order)", RUN_IN_ORDER, usage))
+        implementations += [(f"{name}, implementation block {c['index']}", c["copied"])
+                            for c in survey[name]["copies"] if _is_implementation(c)]
+    jobs.append(("the implementations, each alone", RUN_EACH_ALONE, implementations))
+    for label, result in _run_all(jobs):
+        if result.returncode != 0:
+            failures.append(f"{label} failed in a fresh interpreter in an empty directory:\n"
+                            f"{result.stderr[-3000:]}")
+    _record("copied-blocks.json", "empty_directory", {
+        "usage_blocks_per_page": counts, "usage_blocks": sum(counts.values()),
+        "implementation_blocks": len(implementations), "failed_scripts": len(failures)})
+    print(f"usage blocks run from an empty directory: {sum(counts.values())} on {len(counts)} pages; "
+          f"implementations run alone: {len(implementations)}")
+    assert sum(counts.values()) > 0
+    assert not failures, "\n\n".join(failures)
+
+
+def _skipped_here(condition: str) -> bool:
+    """Whether a skip condition holds on this machine (for the counts only; the runners decide)."""
     import torch
 
-    keep = []
-    for block in blocks(md):
-        if block.info.split()[:1] != ["python"]:
-            continue
-        skipped = block.skipped_by is not None and (
-            "cuda" not in block.skipped_by.lower() or not torch.cuda.is_available())
-        keep.append(not skipped)
-    return keep
+    if "cuda" in condition:
+        return not torch.cuda.is_available()
+    if "fsdp2_available" in condition:
+        from trainopt.perf.distributed import fsdp2_available
+
+        return not fsdp2_available()
+    return False
 
 
-def test_copy_buttons_copy_exactly_the_code_and_it_runs(browser: object, server: str) -> None:
-    checked = 0
-    failures: list[str] = []
-    scripts: list[tuple[str, str]] = []
-    for name in PAGES:
-        context, page, _ = _open(browser, f"{server}/{name}")
-        copies = _copy_all(page)
-        context.close()
-        checked += len(copies)
-        page_python: list[str] = []
-        for classes, shown, copied in copies:
-            if copied != _expected_copy(shown):
-                failures.append(f"{name}: copied {copied[:200]!r}, expected {_expected_copy(shown)[:200]!r}")
-            if any(PROMPT.match(line) for line in copied.split("\n")):
-                failures.append(f"{name}: a prompt reached the clipboard: {copied[:120]!r}")
-            if "trainopt-source" in classes:
-                scripts.append((f"{name} (implementation block)", copied))
-            elif "highlight-python" in classes and "reference/" not in name:
-                page_python.append(copied)
-        md = DOCS / name.replace(".html", ".md")
-        keep = _runnable_blocks(md)
-        if len(keep) != len(page_python):
-            failures.append(f"{name}: {len(page_python)} python copy buttons for {len(keep)} python blocks")
-        elif page_python:
-            scripts.append((f"{name} (its examples, in order)",
-                            "\n\n".join(code for code, run in zip(page_python, keep) if run)))
-    assert checked > 0
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda item: _fresh_python(item[1]), scripts))
-    for (label, _), result in zip(scripts, results):
+def test_copied_usage_blocks_paste_into_a_plain_repl(survey: dict[str, dict]) -> None:
+    """Each page's usage blocks fed line by line to ``code.InteractiveConsole``, one console per
+    page, as a reader pastes them into ``python``: a SyntaxError or an exception fails."""
+    failures = []
+    jobs = []
+    counts = {}
+    for name in _reader_pages():
+        usage, problem = _usage_blocks(name, survey[name]["copies"])
+        if problem:
+            failures.append(problem)
+        counts[name] = len([b for b in usage if not (b["skip"] and _skipped_here(b["skip"]))])
+        if usage:
+            jobs.append((name, RUN_IN_REPL, usage))
+    for label, result in _run_all(jobs):
         if result.returncode != 0:
-            failures.append(f"{label} failed in a fresh interpreter:\n{result.stderr[-2000:]}")
-    print(f"copy buttons checked: {checked}; scripts run in fresh interpreters: {len(scripts)}")
+            failures.append(f"{label}, pasted into a REPL:\n{result.stderr[-3000:]}")
+    _record("copied-blocks.json", "repl", {"usage_blocks_per_page": counts,
+                                           "usage_blocks": sum(counts.values()),
+                                           "failed_pages": len(failures)})
+    print(f"usage blocks pasted into a REPL: {sum(counts.values())} on {len(counts)} pages")
+    assert sum(counts.values()) > 0
     assert not failures, "\n\n".join(failures)
+
+
+def test_api_reference_examples_stand_alone(survey: dict[str, dict]) -> None:
+    """All the examples of one docstring, as the reference page's copy buttons give them, run
+    together in a fresh namespace and an empty directory, without the module's names."""
+    docstrings: dict[str, list[str]] = {}
+    for name in PAGES:
+        if not name.startswith("reference/"):
+            continue
+        for copy in survey[name]["copies"]:
+            if "doctest" in copy["classes"]:
+                docstrings.setdefault(f"{name} {copy['docstring']}", []).append(copy["copied"])
+    scripts = [(label, "\n".join(codes)) for label, codes in docstrings.items()]
+    half = len(scripts) // 2
+    results = _run_all([("first half", RUN_EACH_ALONE, scripts[:half]),
+                        ("second half", RUN_EACH_ALONE, scripts[half:])])
+    failures = [chunk.strip() for _, result in results for chunk in result.stderr.split("=====")
+                if "FAILED:" in chunk]
+    crashed = [f"{label}: exit {r.returncode}\n{r.stderr[-2000:]}" for label, r in results
+               if r.returncode not in (0, 1)]
+    blocks_run = sum(len(codes) for codes in docstrings.values())
+    _record("copied-blocks.json", "api_reference", {
+        "docstrings": len(scripts), "example_blocks": blocks_run, "failed_docstrings": len(failures)})
+    print(f"API reference: {blocks_run} example blocks of {len(scripts)} docstrings run alone; "
+          f"{len(failures)} docstrings failed")
+    assert scripts
+    assert not crashed, "\n\n".join(crashed)
+    assert not failures, f"{len(failures)} of {len(scripts)} docstrings fail alone:\n\n" + "\n\n".join(failures)
+
+
+def test_pages_fit_the_height_budget(survey: dict[str, dict]) -> None:
+    heights = {name: found["height"] for name, found in survey.items()}
+    _record("page-heights.json", "1280px_dropdowns_closed", heights)
+    over = [f"{name}: {height} px tall at 1280 px (budget {HEIGHT_BUDGET_PX} px)"
+            for name, height in heights.items()
+            if name.startswith(BUDGETED) and height > HEIGHT_BUDGET_PX]
+    assert not over, "\n".join(over)
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_nothing_is_clipped(request: pytest.FixtureRequest, width: int) -> None:
+    found = request.getfixturevalue("survey" if width == 1280 else "survey_phone")
+    failures = []
+    for name, page in found.items():
+        if page["overflow"] > 1:
+            failures.append(f"{name}: the page scrolls sideways by {page['overflow']} px at {width} px")
+        for m in page["math"]:
+            if m["width"] > m["column"] + 1 and not m["scrolls"]:
+                failures.append(f"{name} {m['where']}: display formula {m['index']} ({m['text']!r}) "
+                                f"is {m['width']} px wide in a {m['column']} px column, with no scroll box")
+        for t in page["tables"]:
+            if t["width"] > page["article"] + 1 and not t["scrolls"]:
+                failures.append(f"{name} {t['where']}: table {t['index']} ({t['head']!r}) is {t['width']} px "
+                                f"wide in a {page['article']} px article, with no scroll box of its own")
+        if width == 1280:
+            for c in page["code"]:
+                if not c["inDropdown"] and c["scrollWidth"] > c["clientWidth"] + 1:
+                    failures.append(f"{name} {c['where']}: code block {c['index']} ({c['first']!r}) scrolls "
+                                    f"sideways: {c['scrollWidth']} px of code in {c['clientWidth']} px, "
+                                    f"longest line {c['longest']} characters")
+    assert not failures, f"{len(failures)} clipped at {width} px:\n" + "\n".join(failures)
+
+
+def test_figures_have_captions_open_full_size_and_readable_text(survey: dict[str, dict], server: str,
+                                                                 built_site: Path) -> None:
+    from PIL import Image
+
+    failures = []
+    checked = 0
+    for name, page in survey.items():
+        for f in page["figures"]:
+            checked += 1
+            label = f"{name} {f['where']} figure {f['index']}"
+            if not f["caption"]:
+                failures.append(f"{label}: no caption")
+            if not f["src"]:
+                failures.append(f"{label}: no image")
+                continue
+            if not f["href"] or not urllib.parse.urlsplit(f["href"]).path.endswith(".png"):
+                failures.append(f"{label}: the image is not a link to its PNG (link: {f['href']})")
+            else:
+                with urllib.request.urlopen(f["href"]) as response:
+                    body = response.read(8)
+                    kind = response.headers.get("Content-Type")
+                if kind != "image/png" or body != b"\x89PNG\r\n\x1a\n":
+                    failures.append(f"{label}: {f['href']} gives {kind}, not a PNG")
+            png = built_site / urllib.parse.unquote(urllib.parse.urlsplit(f["src"]).path).lstrip("/")
+            smallest = Image.open(png).text.get(MIN_TEXT_KEY)
+            if smallest is None:
+                failures.append(f"{label}: {png.name} has no {MIN_TEXT_KEY} text chunk")
+                continue
+            shown = float(smallest) * f["displayed"] / f["natural"]
+            if shown < MIN_TEXT_PX:
+                failures.append(f"{label}: {png.name}'s smallest text is {float(smallest):.1f} px at "
+                                f"{f['natural']} px wide, shown {f['displayed']:.0f} px wide: "
+                                f"{shown:.1f} px < {MIN_TEXT_PX} px")
+    assert checked > 0
+    assert not failures, "\n".join(failures)
+
+
+def test_no_visible_sidebar_is_empty(survey: dict[str, dict]) -> None:
+    empty = [f"{name}: {bar['selector']} is shown at 1280 px with no link"
+             for name, page in survey.items() for bar in page["sidebars"] if bar["links"] == 0]
+    assert not empty, "\n".join(empty)
+
+
+BROKEN_WORDS_JS = r"""
+() => {
+  const broken = [];
+  document.querySelectorAll('.sd-card').forEach((card, index) => {
+    const walker = document.createTreeWalker(card, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const match of node.textContent.matchAll(/\S+/g)) {
+        const range = document.createRange();
+        range.setStart(node, match.index);
+        range.setEnd(node, match.index + match[0].length);
+        const lines = new Set(Array.from(range.getClientRects()).filter(r => r.width > 0)
+                                   .map(r => Math.round(r.top)));
+        if (lines.size > 1) broken.push([index, match[0], lines.size]);
+      }
+    }
+  });
+  return broken;
+}
+"""
+
+
+@pytest.mark.parametrize("landing, columns", [
+    ("guides/training-optimization/index.html", 2),
+    ("advanced/performance/index.html", None),
+    ("index.html", None),
+])
+def test_grid_columns_and_no_word_broken_in_a_card(browser: object, server: str, landing: str,
+                                                    columns: int | None) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.goto(f"{server}/{landing}", wait_until="networkidle")
+    lefts = page.eval_on_selector_all(".sd-card", "els => els.map(e => Math.round(e.getBoundingClientRect().left))")
+    broken = page.evaluate(BROKEN_WORDS_JS)
+    context.close()
+    failures = []
+    if columns is not None and len(set(lefts)) != columns:
+        failures.append(f"{landing}: {len(set(lefts))} columns at 1280 px (card left edges {lefts}), "
+                        f"expected {columns}")
+    failures += [f"{landing}: card {card} breaks {word!r} over {lines} lines at 1280 px"
+                 for card, word, lines in broken]
+    assert not failures, "\n".join(failures)
+
+
+def test_screenshots_of_the_grids_and_the_lr_page(browser: object, server: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    shots = {
+        "grid-training-optimization-1280px.png": ("guides/training-optimization/index.html", True),
+        "grid-advanced-performance-1280px.png": ("advanced/performance/index.html", True),
+        "learning-rate-scheduling-first-screen-1280px.png": (
+            "guides/training-optimization/learning-rate-scheduling.html", False),
+    }
+    for file, (name, full) in shots.items():
+        page.goto(f"{server}/{name}", wait_until="networkidle")
+        page.evaluate("async () => { if (window.MathJax?.startup?.promise) await MathJax.startup.promise; }")
+        page.screenshot(path=str(SCREENSHOTS / file), full_page=full)
+        assert (SCREENSHOTS / file).stat().st_size > 0
+    context.close()
 
 
 @pytest.mark.parametrize("query, page_name", [
@@ -232,7 +701,7 @@ def test_search_finds_the_right_page(browser: object, server: str, query: str, p
 @pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)])
 def test_landing_pages_render_without_overflow(browser: object, server: str, theme: str,
                                                 width: int, height: int) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for landing in ("index.html", "guides/training-optimization/index.html", "advanced/performance/index.html"):
         context = browser.new_context(viewport={"width": width, "height": height})
         context.add_init_script(f"localStorage.setItem('theme', '{theme}'); localStorage.setItem('mode', '{theme}');")
@@ -245,5 +714,5 @@ def test_landing_pages_render_without_overflow(browser: object, server: str, the
             ".sd-card", "els => els.map(e => { const r = e.getBoundingClientRect(); return [r.left, r.right]; })")
         assert cards and all(left >= 0 and right <= width + 1 for left, right in cards), cards
         name = landing.replace("/", "_").replace(".html", "")
-        page.screenshot(path=str(ARTIFACTS / f"{name}-{theme}-{width}px.png"), full_page=True)
+        page.screenshot(path=str(SCREENSHOTS / f"{name}-{theme}-{width}px.png"), full_page=True)
         context.close()
