@@ -158,8 +158,8 @@ def test_no_page_has_an_empty_section_navigation(built_site: Path) -> None:
 
 
 @pytest.mark.parametrize("page, columns", [
-    ("guides/training-optimization/index.md", "sd-row-cols-1 sd-row-cols-sm-2 sd-row-cols-md-2 sd-row-cols-lg-2"),
-    ("advanced/performance/index.md", "sd-row-cols-1 sd-row-cols-sm-1 sd-row-cols-md-1 sd-row-cols-lg-2"),
+    ("guides/training-optimization/index.md", "sd-row-cols-xs-1 sd-row-cols-sm-2 sd-row-cols-md-2 sd-row-cols-lg-2"),
+    ("advanced/performance/index.md", "sd-row-cols-xs-1 sd-row-cols-sm-1 sd-row-cols-md-1 sd-row-cols-lg-2"),
 ])
 def test_landing_grids_have_the_seeds_columns(built_site: Path, page: str, columns: str) -> None:
     html = _html_path(built_site, DOCS / page).read_text()

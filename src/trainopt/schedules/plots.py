@@ -95,9 +95,9 @@ def plot_wsd_decays(total_steps: int = 1000, warmup_steps: int = 50, decay_steps
         >>> lines = fig.axes[0].get_lines()
         >>> [line.get_label() for line in lines]
         ['linear', 'cosine', '1-sqrt']
+        >>> plt.close(fig)
         >>> [float(line.get_ydata()[100]) for line in lines]  # every shape lands on min_lr
         [1e-05, 1e-05, 1e-05]
-        >>> plt.close(fig)
     """
     fig, ax = _axes(ax)
     for decay in ("linear", "cosine", "1-sqrt"):
@@ -117,9 +117,9 @@ def plot_cyclical_modes(step_size: int = 100, base_lr: float = 1e-4, max_lr: flo
         >>> from trainopt.schedules.plots import plot_cyclical_modes
         >>> import matplotlib.pyplot as plt
         >>> fig = plot_cyclical_modes(step_size=10, num_steps=80)
+        >>> plt.close(fig)
         >>> {line.get_label(): round(float(line.get_ydata()[30]), 6) for line in fig.axes[0].get_lines()}
         {'triangular': 0.001, 'triangular2': 0.00055, 'exp_range': 0.000922}
-        >>> plt.close(fig)
     """
     fig, ax = _axes(ax)
     for mode in ("triangular", "triangular2", "exp_range"):
@@ -140,9 +140,9 @@ def plot_adaptive(initial_lr: float = 1e-3, min_lr: float = 1e-5, window: int = 
         >>> fig = plot_adaptive()
         >>> loss_axes, lr_axes = fig.axes
         >>> lrs = lr_axes.get_lines()[0].get_ydata()
+        >>> plt.close(fig)
         >>> len(lrs), float(lrs[0]), bool(1e-5 <= lrs[-1] < lrs[0])  # the rate was lowered
         (600, 0.001, True)
-        >>> plt.close(fig)
     """
     import math
 
@@ -181,9 +181,9 @@ def schedule_gallery(total_steps: int = 1000, base_lr: float = 1e-3) -> Any:
         >>> from trainopt.schedules.plots import schedule_gallery
         >>> import matplotlib.pyplot as plt
         >>> fig = schedule_gallery(total_steps=200)
+        >>> plt.close(fig)
         >>> len(fig.axes), fig.axes[2].get_title()
         (4, 'step decay')
-        >>> plt.close(fig)
     """
     import matplotlib.pyplot as plt
 
@@ -228,9 +228,9 @@ def lr_monitor_figure(steps: int = 60) -> Any:
         >>> lines = fig.axes[0].get_lines()
         >>> [(line.get_label(), len(line.get_ydata())) for line in lines]
         [('group 0', 10), ('group 1', 10)]
+        >>> plt.close(fig)
         >>> [round(float(line.get_ydata().max()), 6) for line in lines]  # each group's peak rate
         [0.003, 0.001]
-        >>> plt.close(fig)
     """
     from trainopt.models import digits_loaders, digits_mlp
     from trainopt.schedules.adapters import cosine_annealing_schedule
@@ -273,9 +273,9 @@ def digits_lr_finder_figure(num_steps: int = 100, seed: int = 0) -> Any:
         >>> ax.get_title(), ax.get_xscale()
         ('Range test on the digits MLP (...)', 'log')
         >>> lrs = ax.get_lines()[0].get_xdata()
+        >>> plt.close(fig)
         >>> float(lrs[0]), len(lrs) <= 30
         (0.0001, True)
-        >>> plt.close(fig)
     """
     from trainopt.models import digits_loaders, digits_mlp
 
