@@ -1,6 +1,8 @@
 """The tuning config: what to tune (your objective or the digits example), how, and over which space.
 
-A config is a YAML file with these sections (all but ``search_space`` optional)::
+A config is a YAML file with these sections (all but ``search_space`` optional):
+
+.. code-block:: yaml
 
     objective: my_train:objective     # module:function; leave out for the digits example
     study:     {name, sampler, pruner, prune_after, seed, heartbeat, directions | objectives}
