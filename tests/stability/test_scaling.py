@@ -216,10 +216,11 @@ def test_the_scaler_adds_no_sync_to_momentum_sgd():
     assert mode.count == 0 and int(scaler.skipped_steps) == 1
 
 
-def test_sync_mode_with_plain_optimizer_syncs_like_grad_scaler():
+@pytest.mark.parametrize("name", [name for name in OPTIMIZERS if not name.endswith("-fused")])
+def test_sync_mode_with_a_non_fused_optimizer_syncs_like_grad_scaler(name: str):
     """Documented: the default path reads found_inf on the host once per step, as GradScaler does."""
     model = make_model()
-    opt = OPTIMIZERS["sgd-momentum"](model.parameters())
+    opt = OPTIMIZERS[name](model.parameters())
     scaler = DynamicLossScaler()
     x, y = torch.randn(4, 6), torch.randn(4, 2)
     with HostSyncCounter() as mode:
