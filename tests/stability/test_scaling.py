@@ -219,13 +219,18 @@ def test_the_scaler_adds_no_sync_to_momentum_sgd():
 @pytest.mark.parametrize("name", [name for name in OPTIMIZERS if not name.endswith("-fused")])
 def test_sync_mode_with_a_non_fused_optimizer_syncs_like_grad_scaler(name: str):
     """Documented: the default path reads found_inf on the host once per step, as GradScaler does."""
-    model = make_model()
-    opt = OPTIMIZERS[name](model.parameters())
-    scaler = DynamicLossScaler()
     x, y = torch.randn(4, 6), torch.randn(4, 2)
-    with HostSyncCounter() as mode:
-        train_step(model, opt, scaler, x, y, None, False)
-    assert mode.count == 1
+    counts = []
+    for scaler in (DynamicLossScaler(), torch.amp.GradScaler("cpu")):
+        model = make_model()
+        opt = OPTIMIZERS[name](model.parameters())
+        train_step(model, opt, scaler, x, y, None, False)  # the first step creates the state
+        with HostSyncCounter() as mode:
+            train_step(model, opt, scaler, x, y, None, False)
+        counts.append(mode.count)
+    with HostSyncCounter() as mode:  # the optimizer's own syncs (AdamW reads its step count)
+        opt.step()
+    assert counts[0] == counts[1] == mode.count + 1, (counts, mode.count)
 
 
 # --------------------------------------------------------------------------- interface details
