@@ -470,6 +470,7 @@ def test_copied_pages_run_in_order_from_an_empty_directory(survey: dict[str, dic
         if result.returncode != 0:
             failures.append(f"{label} failed in a fresh interpreter in an empty directory:\n"
                             f"{result.stderr[-3000:]}")
+    _record("copied-blocks-failures.json", "empty_directory", failures)
     _record("copied-blocks.json", "empty_directory", {
         "usage_blocks_per_page": counts, "usage_blocks": sum(counts.values()),
         "implementation_blocks": len(implementations), "failed_scripts": len(failures)})
@@ -508,6 +509,7 @@ def test_copied_usage_blocks_paste_into_a_plain_repl(survey: dict[str, dict]) ->
     for label, result in _run_all(jobs):
         if result.returncode != 0:
             failures.append(f"{label}, pasted into a REPL:\n{result.stderr[-3000:]}")
+    _record("copied-blocks-failures.json", "repl", failures)
     _record("copied-blocks.json", "repl", {"usage_blocks_per_page": counts,
                                            "usage_blocks": sum(counts.values()),
                                            "failed_pages": len(failures)})
@@ -535,6 +537,7 @@ def test_api_reference_examples_stand_alone(survey: dict[str, dict]) -> None:
     crashed = [f"{label}: exit {r.returncode}\n{r.stderr[-2000:]}" for label, r in results
                if r.returncode not in (0, 1)]
     blocks_run = sum(len(codes) for codes in docstrings.values())
+    _record("copied-blocks-failures.json", "api_reference", failures + crashed)
     _record("copied-blocks.json", "api_reference", {
         "docstrings": len(scripts), "example_blocks": blocks_run, "failed_docstrings": len(failures)})
     print(f"API reference: {blocks_run} example blocks of {len(scripts)} docstrings run alone; "
