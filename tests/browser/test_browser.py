@@ -25,6 +25,7 @@ that reason elsewhere, except in CI (``CI`` set), where a missing browser is a f
 from __future__ import annotations
 
 import ast
+import doctest
 import functools
 import http.server
 import json
@@ -34,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import urllib.parse
 import urllib.request
@@ -518,6 +520,22 @@ def test_copied_usage_blocks_paste_into_a_plain_repl(survey: dict[str, dict]) ->
     assert not failures, "\n\n".join(failures)
 
 
+def _as_script(copy: dict) -> str:
+    """The copied code of a doctest block; an example whose shown output is a traceback must raise
+    (the copy button drops the traceback, so the reader who runs it sees that exception)."""
+    examples = doctest.DocTestParser().get_examples(copy["shown"])
+    if not any(example.exc_msg is not None for example in examples):
+        return copy["copied"]
+    parts = []
+    for example in examples:
+        if example.exc_msg is None:
+            parts.append(example.source)
+        else:
+            parts.append("try:\n" + textwrap.indent(example.source, "    ") + "except BaseException:\n    pass\n"
+                         "else:\n    raise AssertionError('the example shows a traceback; nothing was raised')\n")
+    return "".join(parts)
+
+
 def test_api_reference_examples_stand_alone(survey: dict[str, dict]) -> None:
     """All the examples of one docstring, as the reference page's copy buttons give them, run
     together in a fresh namespace and an empty directory, without the module's names."""
@@ -527,7 +545,7 @@ def test_api_reference_examples_stand_alone(survey: dict[str, dict]) -> None:
             continue
         for copy in survey[name]["copies"]:
             if "doctest" in copy["classes"]:
-                docstrings.setdefault(f"{name} {copy['docstring']}", []).append(copy["copied"])
+                docstrings.setdefault(f"{name} {copy['docstring']}", []).append(_as_script(copy))
     scripts = [(label, "\n".join(codes)) for label, codes in docstrings.items()]
     half = len(scripts) // 2
     results = _run_all([("first half", RUN_EACH_ALONE, scripts[:half]),
