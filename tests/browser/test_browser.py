@@ -25,6 +25,7 @@ that reason elsewhere, except in CI (``CI`` set), where a missing browser is a f
 from __future__ import annotations
 
 import ast
+import doctest
 import functools
 import http.server
 import json
@@ -34,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import urllib.parse
 import urllib.request
@@ -470,6 +472,7 @@ def test_copied_pages_run_in_order_from_an_empty_directory(survey: dict[str, dic
         if result.returncode != 0:
             failures.append(f"{label} failed in a fresh interpreter in an empty directory:\n"
                             f"{result.stderr[-3000:]}")
+    _record("copied-blocks-failures.json", "empty_directory", failures)
     _record("copied-blocks.json", "empty_directory", {
         "usage_blocks_per_page": counts, "usage_blocks": sum(counts.values()),
         "implementation_blocks": len(implementations), "failed_scripts": len(failures)})
@@ -508,12 +511,29 @@ def test_copied_usage_blocks_paste_into_a_plain_repl(survey: dict[str, dict]) ->
     for label, result in _run_all(jobs):
         if result.returncode != 0:
             failures.append(f"{label}, pasted into a REPL:\n{result.stderr[-3000:]}")
+    _record("copied-blocks-failures.json", "repl", failures)
     _record("copied-blocks.json", "repl", {"usage_blocks_per_page": counts,
                                            "usage_blocks": sum(counts.values()),
                                            "failed_pages": len(failures)})
     print(f"usage blocks pasted into a REPL: {sum(counts.values())} on {len(counts)} pages")
     assert sum(counts.values()) > 0
     assert not failures, "\n\n".join(failures)
+
+
+def _as_script(copy: dict) -> str:
+    """The copied code of a doctest block; an example whose shown output is a traceback must raise
+    (the copy button drops the traceback, so the reader who runs it sees that exception)."""
+    examples = doctest.DocTestParser().get_examples(copy["shown"])
+    if not any(example.exc_msg is not None for example in examples):
+        return copy["copied"]
+    parts = []
+    for example in examples:
+        if example.exc_msg is None:
+            parts.append(example.source)
+        else:
+            parts.append("try:\n" + textwrap.indent(example.source, "    ") + "except BaseException:\n    pass\n"
+                         "else:\n    raise AssertionError('the example shows a traceback; nothing was raised')\n")
+    return "".join(parts)
 
 
 def test_api_reference_examples_stand_alone(survey: dict[str, dict]) -> None:
@@ -525,7 +545,7 @@ def test_api_reference_examples_stand_alone(survey: dict[str, dict]) -> None:
             continue
         for copy in survey[name]["copies"]:
             if "doctest" in copy["classes"]:
-                docstrings.setdefault(f"{name} {copy['docstring']}", []).append(copy["copied"])
+                docstrings.setdefault(f"{name} {copy['docstring']}", []).append(_as_script(copy))
     scripts = [(label, "\n".join(codes)) for label, codes in docstrings.items()]
     half = len(scripts) // 2
     results = _run_all([("first half", RUN_EACH_ALONE, scripts[:half]),
@@ -535,6 +555,7 @@ def test_api_reference_examples_stand_alone(survey: dict[str, dict]) -> None:
     crashed = [f"{label}: exit {r.returncode}\n{r.stderr[-2000:]}" for label, r in results
                if r.returncode not in (0, 1)]
     blocks_run = sum(len(codes) for codes in docstrings.values())
+    _record("copied-blocks-failures.json", "api_reference", failures + crashed)
     _record("copied-blocks.json", "api_reference", {
         "docstrings": len(scripts), "example_blocks": blocks_run, "failed_docstrings": len(failures)})
     print(f"API reference: {blocks_run} example blocks of {len(scripts)} docstrings run alone; "
