@@ -94,7 +94,11 @@ def test_the_other_faults_are_real(generated_runs) -> None:
     healthy_end = max(statistics.median(loss[-30:]) for loss in _losses(generated_runs, cause="healthy"))
     assert healthy_end < 0.2
     assert all(statistics.median(loss[-30:]) > 1.5 for loss in _losses(generated_runs, cause="lr_too_low"))
-    assert all(statistics.median(loss[-30:]) > 3 * healthy_end for loss in _losses(generated_runs, cause="high_momentum"))
+    # Against the healthy run of the same optimizer, width and seed (momentum 0.99 is chaotic:
+    # one run in six may settle lower than the worst healthy run of another optimizer).
+    end = {spec: statistics.median(r["loss"] for r in records[-30:]) for spec, records in generated_runs}
+    swinging = [spec for spec in end if spec.cause == "high_momentum"]
+    assert swinging and all(end[spec] > 3 * end[spec._replace(cause="healthy")] for spec in swinging), end
     assert all(any(math.isnan(v) for v in loss) for loss in _losses(generated_runs, cause="nan_sample"))
     for spec, records in generated_runs:
         if spec.cause == "gradient_spike":

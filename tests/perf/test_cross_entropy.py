@@ -45,7 +45,8 @@ def test_chunked_equals_plain_cross_entropy_in_loss_and_gradients(tokens, width,
     expected = _loss_and_grads(_plain(reduction), hidden, weight, targets)
     actual = _loss_and_grads(_chunked(chunk_size, reduction), hidden, weight, targets)
     for got, want in zip(actual, expected):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        # fp32 rounding: a summed loss's gradients add up to 40 terms of order 1
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("chunk_size", [1, 5, 7, 64])

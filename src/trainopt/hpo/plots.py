@@ -124,7 +124,9 @@ def plot_isolation(study: optuna.Study, scientific: str) -> Figure:
     Example:
         >>> import optuna
         >>> from trainopt.hpo.plots import plot_isolation
-        >>> study = optuna.create_study()
+        >>> study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        >>> for wd in (0.0, 0.1):  # both values of the scientific hyperparameter, at least once
+        ...     study.enqueue_trial({"wd": wd})
         >>> study.optimize(lambda trial: trial.suggest_categorical("wd", [0.0, 0.1]) + trial.suggest_float("lr", 0, 1),
         ...                n_trials=6)
         >>> ax = plot_isolation(study, "wd").axes[0]
