@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -82,15 +82,29 @@ def _run_fresh(code: str) -> subprocess.CompletedProcess[str]:
                           cwd=ROOT.parent, env=env, timeout=300)
 
 
+EACH_IN_A_FRESH_NAMESPACE = r"""
+import json, sys, traceback
+failed = []
+for where, code in json.load(sys.stdin):
+    try:
+        exec(compile(code, where, "exec"), {"__name__": "__main__"})
+    except BaseException:
+        failed.append(where + ":\n" + traceback.format_exc()[-1500:])
+print(json.dumps(failed))
+"""
+
+
 def test_every_included_implementation_runs_when_copied() -> None:
-    """Copying an implementation block gives code that runs in a fresh ``python -c``."""
+    """Copying an implementation block gives code that runs alone: each in a fresh namespace of
+    one fresh interpreter (started outside the repository), so a missing import fails."""
     includes = source_includes(DOCS)
-    sources = [source_with_imports(name) for _, name in includes]  # ast is not thread-safe
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(_run_fresh, sources))
-    failures = [f"{where} ({name}):\n{r.stderr[-1500:]}"
-                for (where, name), r in zip(includes, results) if r.returncode != 0]
-    assert not failures, "\n\n".join(failures)
+    payload = [[f"{where} ({name})", source_with_imports(name)] for where, name in includes]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", EACH_IN_A_FRESH_NAMESPACE], input=json.dumps(payload),
+                            capture_output=True, text=True, cwd=ROOT.parent, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    failures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(payload) > 50 and not failures, "\n\n".join(failures)
 
 
 def test_copied_implementation_fails_without_its_imports() -> None:
