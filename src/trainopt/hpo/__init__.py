@@ -36,6 +36,7 @@ from trainopt.hpo.study import (
     best_trials_text,
     budget_trials,
     create_study,
+    isolation,
     make_pruner,
     make_sampler,
     tune,
@@ -44,7 +45,7 @@ from trainopt.hpo.workers import run_trial, run_worker
 
 __all__ = [
     "PRUNERS", "SAMPLERS", "HPOConfig", "ParamSpec", "SearchSpace", "TrialDiverged", "TrialReporter",
-    "best_trials_text", "budget_trials", "create_study", "load_hpo_config", "load_objective", "load_search_space",
+    "best_trials_text", "budget_trials", "create_study", "isolation", "load_hpo_config", "load_objective", "load_search_space",
     "lr_bounds_from_finder", "make_pruner", "make_sampler", "open_storage", "params_at_edge", "run_trial",
     "run_worker", "tune", "with_lr_range_from_finder",
 ]
