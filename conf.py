@@ -52,6 +52,8 @@ copybutton_prompt_text = r">>> |\.\.\. |\$ "
 copybutton_prompt_is_regexp = True
 copybutton_only_copy_prompt_lines = True
 copybutton_remove_prompts = True
+# A long shell command wraps with a trailing backslash; its continuation lines are copied too.
+copybutton_line_continuation_character = "\\"
 
 autodoc_typehints = "description"
 autodoc_member_order = "bysource"

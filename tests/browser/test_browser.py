@@ -288,7 +288,13 @@ def _expected_copy(text: str) -> str:
     if any(PROMPT.match(line) for line in lines):
         # Prompt lines lose their prompt, output lines go, empty lines stay (copybutton's
         # copy_empty_lines default).
-        return "\n".join(PROMPT.sub("", line) for line in lines if PROMPT.match(line) or not line.strip())
+        kept, continued = [], False
+        for line in lines:
+            if PROMPT.match(line) or not line.strip() or continued:
+                kept.append(PROMPT.sub("", line))
+            # copybutton_line_continuation_character: a line ending in a backslash goes on
+            continued = line.endswith("\\") and (continued or bool(PROMPT.match(line)))
+        return "\n".join(kept)
     return "\n".join(lines)
 
 

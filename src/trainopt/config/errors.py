@@ -18,7 +18,8 @@ class ConfigError(ValueError):
         ...                                   "scheduler": {"type": "step_decay", "decay_steps": 10}}})
         ... except ConfigError as error:
         ...     print(error.field, "|", error)
-        training.optimizer.type | training.optimizer.type: must be one of ['sgd', 'adam', 'adamw'], got 'lion'
+        training.optimizer.type | training.optimizer.type: must be one of ['sgd', 'adam',
+            'adamw'], got 'lion'
     """
 
     def __init__(self, field_path: str, message: str) -> None:

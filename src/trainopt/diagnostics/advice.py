@@ -170,7 +170,8 @@ def advice(symptom: str, *, early: bool = False, after: str | None = None, besid
         >>> from trainopt.diagnostics.advice import advice
         >>> advice("plateau").lr, advice("plateau", after="loss explosion at step 5").lr
         ('raise', 'lower')
-        >>> "after the loss explosion at step 5" in advice("plateau", after="loss explosion at step 5").cause
+        >>> "after the loss explosion at step 5" in advice("plateau",
+        ...                                                after="loss explosion at step 5").cause
         True
     """
     if after is not None and symptom in AFTER_BLOW_UP:

@@ -54,7 +54,8 @@ def root_cause_first(findings: list[Finding], nan_overflowed: bool = False) -> l
         >>> explosion = finding("loss_explosion", 5, "2.3 -> 1e4", early=True)
         >>> first, then = root_cause_first([plateau, explosion])
         >>> first.symptom, then.symptom, then.after, then.evidence
-        ('loss_explosion', 'plateau', 5, 'collapsed after the loss explosion at step 5: the loss sits at 2.36')
+        ('loss_explosion', 'plateau', 5,
+            'collapsed after the loss explosion at step 5: the loss sits at 2.36')
         >>> "raise" in then.fix
         False
     """

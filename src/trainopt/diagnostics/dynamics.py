@@ -34,7 +34,8 @@ def loss_dynamics(
         >>> from trainopt.diagnostics.dynamics import loss_dynamics
         >>> from trainopt.diagnostics.symptoms import DEFAULTS
         >>> dead = np.full(200, 2.36) + 0.01 * np.sin(np.arange(200))  # after an explosion at step 7
-        >>> [f.symptom for f in loss_dynamics(dead, np.arange(30, 230), DEFAULTS, start=2.30, best_before=1.1)]
+        >>> [f.symptom for f in loss_dynamics(dead, np.arange(30, 230), DEFAULTS, start=2.30,
+        ...                                   best_before=1.1)]
         ['plateau']
     """
     findings: list[Finding] = []

@@ -79,7 +79,8 @@ def loss_explosion(
         >>> from trainopt.diagnostics.explosions import loss_explosion
         >>> from trainopt.diagnostics.symptoms import DEFAULTS
         >>> loss = np.r_[2.3, 2.2, 1.9, 3.5, 40.0, 900.0, 80.0, 9.0, np.full(60, 2.4)]
-        >>> found, episode = loss_explosion(loss, np.arange(len(loss)), DEFAULTS, expected=np.log(10), classes=10)
+        >>> found, episode = loss_explosion(loss, np.arange(len(loss)), DEFAULTS,
+        ...                                 expected=np.log(10), classes=10)
         >>> found.symptom, found.step, episode.recovered
         ('loss_explosion', 3, 8)
     """

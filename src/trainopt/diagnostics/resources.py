@@ -49,7 +49,8 @@ def speed_checks(records: list[dict[str, Any]], steps: np.ndarray, opts: dict[st
         >>> import numpy as np
         >>> from trainopt.diagnostics.resources import speed_checks
         >>> from trainopt.diagnostics.symptoms import DEFAULTS
-        >>> records = [{"step_time": (0.1 if t < 60 else 0.3) + 0.01 * np.sin(t), "comm_time": 0.01} for t in range(100)]
+        >>> records = [{"step_time": (0.1 if t < 60 else 0.3) + 0.01 * np.sin(t),
+        ...             "comm_time": 0.01} for t in range(100)]
         >>> (found,) = speed_checks(records, np.arange(100), DEFAULTS)
         >>> found.symptom, abs(found.step - 60) <= 5
         ('slow_training', True)

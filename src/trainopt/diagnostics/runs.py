@@ -208,7 +208,8 @@ def write_jsonl(records: list[dict[str, Any]], path: str | Path) -> Path:
     Example:
         >>> from trainopt.diagnostics.runs import write_jsonl
         >>> import tempfile, os
-        >>> path = write_jsonl([{"step": 0, "loss": 2.302585093}], os.path.join(tempfile.mkdtemp(), "r.jsonl"))
+        >>> path = write_jsonl([{"step": 0, "loss": 2.302585093}], os.path.join(tempfile.mkdtemp(),
+        ...                                                                     "r.jsonl"))
         >>> path.read_text()
         '{"loss": 2.302585, "step": 0}\\n'
     """
@@ -225,7 +226,8 @@ def main(argv: list[str] | None = None) -> None:
     Example:
         >>> from trainopt.diagnostics.runs import main
         >>> import tempfile
-        >>> main(["--out", tempfile.mkdtemp(), "--steps", "3", "--faults", "plateau"])  # doctest: +ELLIPSIS
+        >>> main(["--out", tempfile.mkdtemp(), "--steps", "3",
+        ...       "--faults", "plateau"])  # doctest: +ELLIPSIS
         wrote .../plateau.jsonl
     """
     parser = ArgumentParser(prog="python -m trainopt.diagnostics.runs", description=__doc__.splitlines()[0])

@@ -30,7 +30,8 @@ def build_parser() -> ArgumentParser:
 
     Example:
         >>> from trainopt.hpo.cli import build_parser
-        >>> args = build_parser().parse_args(["tune.yaml", "--n-trials", "8", "--storage", "journal:tune.log"])
+        >>> args = build_parser().parse_args(["tune.yaml", "--n-trials", "8", "--storage",
+        ...                                   "journal:tune.log"])
         >>> args.n_trials, args.storage, args.create_only
         (8, 'journal:tune.log', False)
     """
@@ -57,7 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> from trainopt.hpo.cli import main
         >>> import tempfile
         >>> folder = Path(tempfile.mkdtemp())
-        >>> _ = (folder / "tune.yaml").write_text("search_space:\\n  lr: {type: float, low: 1.0e-4, high: 1.0e-1}\\n")
+        >>> yaml_text = "search_space:\\n  lr: {type: float, low: 1.0e-4, high: 1.0e-1}\\n"
+        >>> _ = (folder / "tune.yaml").write_text(yaml_text)
         >>> main([str(folder / "tune.yaml"), "--n-trials", "4", "--storage", f"sqlite:///{folder}/tune.db",
         ...       "--create-only"])
         study tune: 4 trials, 0 complete, 0 pruned, 0 fail

@@ -63,7 +63,8 @@ class HPOConfig:
 
     Example:
         >>> from trainopt.hpo import HPOConfig, SearchSpace
-        >>> config = HPOConfig("demo", SearchSpace.from_dict({"hidden": {"type": "int", "low": 16, "high": 64}}),
+        >>> config = HPOConfig("demo", SearchSpace.from_dict({"hidden": {"type": "int", "low": 16,
+        ...                                                              "high": 64}}),
         ...                    objectives=("val_loss", "n_params"), pruner=None)
         >>> config.directions, type(config.make_pruner()).__name__
         (('minimize', 'minimize'), 'NopPruner')
@@ -202,7 +203,8 @@ def load_hpo_config(path: str | Path) -> HPOConfig:
         >>> from pathlib import Path
         >>> from trainopt.hpo import load_hpo_config
         >>> path = Path(tempfile.mkdtemp()) / "tune.yaml"
-        >>> _ = path.write_text("search_space:\\n  lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}\\n")
+        >>> _ = path.write_text("search_space:\\n"
+        ...                     "  lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}\\n")
         >>> config = load_hpo_config(path)
         >>> config.name, sorted(config.space), config.directions, config.heartbeat
         ('tune', ['lr'], ('minimize',), 60)

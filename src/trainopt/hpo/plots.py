@@ -74,10 +74,12 @@ def plot_importances(study: optuna.Study) -> Figure:
         >>> import optuna
         >>> from trainopt.hpo.plots import plot_importances
         >>> study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-        >>> study.optimize(lambda trial: trial.suggest_float("x", -1, 1) ** 2 + 0.01 * trial.suggest_float("y", -1, 1),
+        >>> study.optimize(lambda trial: trial.suggest_float("x", -1, 1) ** 2
+        ...                + 0.01 * trial.suggest_float("y", -1, 1),
         ...                n_trials=30)
         >>> ax = plot_importances(study).axes[0]
-        >>> bars = {label.get_text(): bar.get_width() for label, bar in zip(ax.get_yticklabels(), ax.patches)}
+        >>> bars = {label.get_text(): bar.get_width() for label, bar in zip(ax.get_yticklabels(),
+        ...                                                                 ax.patches)}
         >>> bool(bars["x"] > bars["y"])  # x moves the objective, y barely does
         True
     """
@@ -92,7 +94,8 @@ def plot_intermediate(study: optuna.Study) -> Figure:
         >>> from trainopt.hpo.plots import plot_intermediate
         >>> study = optuna.create_study()
         >>> study.add_trial(optuna.trial.create_trial(
-        ...     value=0.5, params={"x": 0.1}, distributions={"x": optuna.distributions.FloatDistribution(0, 1)},
+        ...     value=0.5, params={"x": 0.1},
+        ...     distributions={"x": optuna.distributions.FloatDistribution(0, 1)},
         ...     intermediate_values={0: 2.0, 1: 1.0, 2: 0.5}))
         >>> plot_intermediate(study).axes[0].get_xlabel()
         'Step'
@@ -127,7 +130,8 @@ def plot_isolation(study: optuna.Study, scientific: str) -> Figure:
         >>> study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
         >>> for wd in (0.0, 0.1):  # both values of the scientific hyperparameter, at least once
         ...     study.enqueue_trial({"wd": wd})
-        >>> study.optimize(lambda trial: trial.suggest_categorical("wd", [0.0, 0.1]) + trial.suggest_float("lr", 0, 1),
+        >>> study.optimize(lambda trial: trial.suggest_categorical("wd", [0.0, 0.1])
+        ...                + trial.suggest_float("lr", 0, 1),
         ...                n_trials=6)
         >>> ax = plot_isolation(study, "wd").axes[0]
         >>> [label.get_text() for label in ax.get_xticklabels()]

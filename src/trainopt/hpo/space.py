@@ -70,7 +70,8 @@ class ParamSpec:
 
     Example:
         >>> from trainopt.hpo import ParamSpec
-        >>> ParamSpec.from_dict("lr", {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}).distribution()
+        >>> ParamSpec.from_dict("lr", {"type": "float", "low": 1e-4, "high": 1e-1,
+        ...                            "log": True}).distribution()
         FloatDistribution(high=0.1, log=True, low=0.0001, step=None)
     """
 
@@ -217,7 +218,8 @@ def load_search_space(source: str | Path | Mapping[str, Any], key: str | None = 
 
     Example:
         >>> from trainopt.hpo import load_search_space
-        >>> space = load_search_space({"search_space": {"wd": {"type": "float", "low": 1e-5, "high": 1e-1, "log": True}}})
+        >>> space = load_search_space({"search_space": {"wd": {"type": "float", "low": 1e-5,
+        ...                                                    "high": 1e-1, "log": True}}})
         >>> space["wd"].log, space["wd"].high
         (True, 0.1)
     """
@@ -241,7 +243,8 @@ def params_at_edge(params: Mapping[str, Any], space: SearchSpace, margin: float 
     Example:
         >>> from trainopt.hpo import SearchSpace
         >>> from trainopt.hpo import params_at_edge
-        >>> space = SearchSpace.from_dict({"lr": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}})
+        >>> space = SearchSpace.from_dict({"lr": {"type": "float", "low": 1e-4, "high": 1e-1,
+        ...                                       "log": True}})
         >>> params_at_edge({"lr": 0.09}, space), params_at_edge({"lr": 3e-3}, space)
         ({'lr': 'high'}, {})
     """

@@ -250,7 +250,8 @@ def best_trials_text(study: optuna.Study) -> str:
         >>> from trainopt.hpo import tune
         >>> from trainopt.hpo.space import SearchSpace
         >>> space = SearchSpace.from_dict({"x": {"type": "categorical", "choices": [1, 2]}})
-        >>> study = tune(lambda trial, params: params["x"], space, 2, study_name="doc-text", storage=":memory:",
+        >>> study = tune(lambda trial, params: params["x"], space, 2, study_name="doc-text",
+        ...              storage=":memory:",
         ...              sampler="grid", pruner=None)
         >>> print(best_trials_text(study))
         study doc-text: 2 trials, 2 complete, 0 pruned, 0 fail

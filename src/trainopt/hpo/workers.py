@@ -44,7 +44,8 @@ def run_trial(trial: optuna.Trial, space: SearchSpace, objective: Objective) -> 
         >>> from trainopt.hpo import SearchSpace, run_trial
         >>> study = optuna.create_study()
         >>> space = SearchSpace.from_dict({"x": {"type": "float", "low": 0.0, "high": 1.0}})
-        >>> study.optimize(lambda trial: run_trial(trial, space, lambda trial, params: float("inf")), n_trials=1)
+        >>> diverges = lambda trial, params: float("inf")
+        >>> study.optimize(lambda trial: run_trial(trial, space, diverges), n_trials=1)
         >>> study.trials[0].state.name, study.trials[0].user_attrs["reason"]
         ('FAIL', 'diverged: the objective returned [inf]')
     """

@@ -147,7 +147,8 @@ class MemoryEstimate:
     Example:
         >>> from trainopt.perf import MemoryEstimate
         >>> est = MemoryEstimate(weights=4, gradients=4, optimizer_states=8, master_weights=0,
-        ...                      activations=10, weight_casts=0, phases={"forward": 22, "optimizer step": 28})
+        ...                      activations=10, weight_casts=0, phases={"forward": 22,
+        ...                                                              "optimizer step": 28})
         >>> est.peak, est.peak_phase
         (28, 'optimizer step')
     """
@@ -245,7 +246,8 @@ def estimate_training_memory(model: nn.Module, precision: str = "bf16", optimize
         >>> est = estimate_training_memory(model, "fp32", batch_size=1, seq_len=64)
         >>> est.weights == 4 * model.num_parameters() and est.optimizer_states == 2 * est.weights
         True
-        >>> est.peak_phase, est.peak == est.phases["optimizer step"]  # one sequence: AdamW's foreach copy wins
+        >>> # one sequence: AdamW's foreach copy wins
+        >>> est.peak_phase, est.peak == est.phases["optimizer step"]
         ('optimizer step', True)
         >>> estimate_training_memory(model, "fp32", batch_size=16, seq_len=64).peak_phase
         'loss backward'

@@ -35,7 +35,8 @@ class LiveStorageTracker(TorchDispatchMode):
         >>> tracker = LiveStorageTracker("cpu")
         >>> tracker.count([weight])
         >>> with tracker:
-        ...     loss = (weight @ weight).relu().sum()  # the matmul output is freed: relu keeps its own output
+        ...     # the matmul output is freed: relu keeps its own output
+        ...     loss = (weight @ weight).relu().sum()
         ...     loss.backward()  # the gradient appears: 256 KiB more
         >>> tracker.peak // 2**10, tracker.current // 2**10  # KiB: during backward, after it
         (1024, 512)

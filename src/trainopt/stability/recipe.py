@@ -108,7 +108,8 @@ def build_parser() -> ArgumentParser:
 
     Example:
         >>> from trainopt.stability.recipe import build_parser
-        >>> args = build_parser().parse_args(["--checkpoint-dir", "ckpt", "--steps", "50", "--out", "w.pt"])
+        >>> args = build_parser().parse_args(["--checkpoint-dir", "ckpt", "--steps", "50", "--out",
+        ...                                   "w.pt"])
         >>> args.steps, args.check_every, args.out.name
         (50, 10, 'w.pt')
     """
@@ -133,7 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> from trainopt.stability.recipe import main
         >>> folder = Path(tempfile.mkdtemp())
         >>> with contextlib.redirect_stdout(io.StringIO()) as printed:
-        ...     code = main(["--checkpoint-dir", str(folder / "ckpt"), "--steps", "20", "--out", str(folder / "w.pt")])
+        ...     code = main(["--checkpoint-dir", str(folder / "ckpt"), "--steps", "20", "--out",
+        ...                  str(folder / "w.pt")])
         >>> code, printed.getvalue().splitlines()[-1], sorted(torch.load(folder / "w.pt"))[:2]
         (0, 'wrote ...w.pt', ['0.bias', '0.weight'])
     """

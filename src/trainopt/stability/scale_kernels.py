@@ -27,7 +27,8 @@ def unscale_grads_(
         >>> import torch
         >>> from trainopt.stability.scale_kernels import unscale_grads_
         >>> w = torch.nn.Parameter(torch.zeros(2)); w.grad = torch.tensor([4.0, float("inf")])
-        >>> found = unscale_grads_(torch.optim.SGD([w], lr=0.1), torch.tensor(0.25), torch.zeros(()), False)
+        >>> found = unscale_grads_(torch.optim.SGD([w], lr=0.1), torch.tensor(0.25),
+        ...                        torch.zeros(()), False)
         >>> w.grad, found[torch.device("cpu")]
         (tensor([1., inf]), tensor(1.))
     """
@@ -67,7 +68,8 @@ def update_scale_with_hysteresis_(
         >>> from trainopt.stability.scale_kernels import update_scale_with_hysteresis_
         >>> scale, growth, overflow = torch.tensor(8.0), torch.tensor(0), torch.tensor(0)
         >>> for found in (1.0, 1.0):
-        ...     update_scale_with_hysteresis_(scale, growth, overflow, torch.tensor(found), 2.0, 0.5, 100, 2)
+        ...     update_scale_with_hysteresis_(scale, growth, overflow, torch.tensor(found), 2.0,
+        ...                                   0.5, 100, 2)
         ...     print(scale.item())
         8.0
         4.0

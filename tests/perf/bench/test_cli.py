@@ -125,7 +125,8 @@ def console_commands() -> list[tuple[str, list[str]]]:
     """The ``$ python -m trainopt.perf.bench ...`` commands of the pages' console blocks."""
     commands = []
     for page in PAGES:
-        for line in page.read_text().splitlines():
+        # A command wrapped with a trailing backslash is one command.
+        for line in page.read_text().replace("\\\n", " ").splitlines():
             words = shlex.split(line[2:]) if line.startswith("$ ") else []
             while words and "=" in words[0]:
                 words.pop(0)  # an environment variable before the command

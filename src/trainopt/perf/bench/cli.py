@@ -66,7 +66,8 @@ def check_peaks(device: str | torch.device, precisions: Sequence[str], peak: dic
         ...     check_peaks("cuda", ["fp32", "bf16"], None, device_name="NVIDIA H20")
         ... except Exception as error:
         ...     print(error)
-        --peak-tflops: GPU 'NVIDIA H20' is not in the peak table (H100 SXM, H100 PCIe, H100 NVL, H200, H200 NVL, A100, A10, L4, L40S); give its dense fp32 TFLOP/s
+        --peak-tflops: GPU 'NVIDIA H20' is not in the peak table (H100 SXM, H100 PCIe, H100 NVL,
+            H200, H200 NVL, A100, A10, L4, L40S); give its dense fp32 TFLOP/s
     """
     for precision in dict.fromkeys(precisions):
         try:
@@ -80,7 +81,8 @@ def build_parser() -> ArgumentParser:
 
     Example:
         >>> from trainopt.perf.bench.cli import build_parser
-        >>> build_parser().parse_args(["matrix", "--precision", "fp32", "bf16", "--out", "m.json"]).precision
+        >>> build_parser().parse_args(["matrix", "--precision", "fp32", "bf16", "--out",
+        ...                            "m.json"]).precision
         ['fp32', 'bf16']
     """
     parser = ArgumentParser(prog="python -m trainopt.perf.bench", description=__doc__.splitlines()[0])
@@ -322,7 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> out = Path(tempfile.mkdtemp()) / "recipe.json"
         >>> with contextlib.redirect_stdout(io.StringIO()) as printed:
         ...     code = main(["recipe", "--size", "tiny", "--batch-size", "2", "--seq-len", "8",
-        ...                  "--compile-backend", "eager", "--warmup", "1", "--max-warmup", "2", "--steps", "1",
+        ...                  "--compile-backend", "eager", "--warmup", "1", "--max-warmup", "2",
+        ...                  "--steps", "1",
         ...                  "--windows", "1", "--no-progress", "--out", str(out)])
         >>> code, "Speed-up" in printed.getvalue(), json.loads(out.read_text())["kind"]
         (0, True, 'bench')

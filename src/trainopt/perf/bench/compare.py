@@ -83,8 +83,10 @@ def compare_results(baseline: Results, candidate: Results, *, confidence: float 
 
     Example:
         >>> from trainopt.perf.bench.compare import compare_results
-        >>> before = {"results": [{"name": "tiny", "status": "ok", "window_step_times_s": [2.0, 2.0, 2.1]}]}
-        >>> after = {"results": [{"name": "tiny", "status": "ok", "window_step_times_s": [1.0, 1.0, 1.05]}]}
+        >>> before = {"results": [{"name": "tiny", "status": "ok", "window_step_times_s": [2.0, 2.0,
+        ...                                                                                2.1]}]}
+        >>> after = {"results": [{"name": "tiny", "status": "ok", "window_step_times_s": [1.0, 1.0,
+        ...                                                                               1.05]}]}
         >>> [(row["name"], row["ratio"], row["verdict"]) for row in compare_results(before, after)]
         [('tiny', 2.0, 'faster')]
     """

@@ -321,7 +321,8 @@ def write_snapshot(path: str | Path, size: str, precision_name: str, device: tor
         >>> import torch
         >>> from trainopt.perf.bench.experiments import write_snapshot
         >>> try:
-        ...     write_snapshot("snapshot.pickle", "tiny", "fp32", torch.device("cpu"), batch_size=2, seq_len=16)
+        ...     write_snapshot("snapshot.pickle", "tiny", "fp32", torch.device("cpu"), batch_size=2,
+        ...                    seq_len=16)
         ... except ValueError as error:
         ...     print(error)
         write_snapshot records CUDA allocations: device must be a CUDA device, got 'cpu'

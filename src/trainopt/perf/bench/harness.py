@@ -329,7 +329,8 @@ def run_matrix(configs: Sequence[BenchConfig], device: str | torch.device | None
     Example:
         >>> from trainopt.perf.bench import run_matrix
         >>> from trainopt.perf.bench.configs import BenchConfig
-        >>> res = run_matrix([BenchConfig(batch_size=2, seq_len=8)], "cpu", steps=1, windows=1, progress=False)
+        >>> res = run_matrix([BenchConfig(batch_size=2, seq_len=8)], "cpu", steps=1, windows=1,
+        ...                  progress=False)
         >>> [r["status"] for r in res["results"]], res["kind"], res["meta"]["device"]
         (['ok'], 'bench', 'cpu')
     """

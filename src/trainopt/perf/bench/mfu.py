@@ -145,7 +145,8 @@ def peak_flops_for(device: str | torch.device, precision: str, peak_tflops: Mapp
         ...     peak_flops_for("cuda", "bf16", device_name="NVIDIA H20")
         ... except ValueError as error:
         ...     print(error)
-        GPU 'NVIDIA H20' is not in the peak table (H100 SXM, H100 PCIe, H100 NVL, H200, H200 NVL, A100, A10, L4, L40S); give its dense bf16 TFLOP/s
+        GPU 'NVIDIA H20' is not in the peak table (H100 SXM, H100 PCIe, H100 NVL, H200, H200 NVL,
+            A100, A10, L4, L40S); give its dense bf16 TFLOP/s
     """
     if precision not in ("fp32", "tf32", "bf16", "fp16"):
         raise ValueError(f"precision must be one of ['fp32', 'tf32', 'bf16', 'fp16'], got {precision!r}")

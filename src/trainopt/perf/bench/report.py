@@ -329,7 +329,8 @@ def render(source: str | os.PathLike | Results, parts: Sequence[str] | None = No
     Example:
         >>> from trainopt.perf.bench.report import render
         >>> print(render("bench_a100.json"))
-        *No results in `bench_a100.json` yet: `python -m trainopt.perf.bench all --preset a100 --out-dir docs/_data` on the machine it names writes them.*
+        *No results in `bench_a100.json` yet: `python -m trainopt.perf.bench all --preset a100
+        --out-dir docs/_data` on the machine it names writes them.*
         >>> from trainopt.perf.bench.stability import run
         >>> text = render(run(size="tiny", device="cpu", steps_per_window=1, windows=1, warmup_steps=1,
         ...                max_warmup_steps=2, seq_len=8))

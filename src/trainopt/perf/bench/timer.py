@@ -31,9 +31,11 @@ def interleaved_windows(steps: Mapping[str, Callable[[], Any]], device: str | to
     Example:
         >>> import statistics, time
         >>> from trainopt.perf.bench.timer import interleaved_windows
-        >>> times = interleaved_windows({"short": lambda: time.sleep(0.002), "long": lambda: time.sleep(0.02)},
+        >>> times = interleaved_windows({"short": lambda: time.sleep(0.002),
+        ...                              "long": lambda: time.sleep(0.02)},
         ...                             "cpu", steps_per_window=2, windows=3)
-        >>> [len(times["short"]), len(times["long"])], statistics.median(times["long"]) > statistics.median(times["short"])
+        >>> [len(times["short"]),
+        ...  len(times["long"])], statistics.median(times["long"]) > statistics.median(times["short"])
         ([3, 3], True)
     """
     timers = {name: StepTimer(device, warmup=0) for name in steps}
@@ -74,7 +76,8 @@ def warm_up(step: Callable[[], Any], device: str | torch.device, *, min_steps: i
         >>> import itertools, time
         >>> from trainopt.perf.bench.timer import warm_up
         >>> slow_start = itertools.chain([0.2] * 3, itertools.repeat(0.05))
-        >>> result = warm_up(lambda: time.sleep(next(slow_start)), "cpu", min_steps=0, window=3, max_steps=30)
+        >>> result = warm_up(lambda: time.sleep(next(slow_start)), "cpu", min_steps=0, window=3,
+        ...                  max_steps=30)
         >>> result["stable"], result["steps"]  # the first window is slow; the next two agree
         (True, 9)
     """

@@ -86,7 +86,8 @@ def check_gradient_scale(grads: Sequence[torch.Tensor], reference: Sequence[torc
         >>> check_gradient_scale([32 * g for g in reference], reference, local_batch_size=32)
         Traceback (most recent call last):
         ...
-        trainopt.perf.distributed.agreement.GradientScaleError: gradients are 32 × the single-process gradients: the loss is summed over the per-rank batch ...
+        trainopt.perf.distributed.agreement.GradientScaleError: gradients are 32 × the
+        single-process gradients: the loss is summed over the per-rank batch ...
     """
     scale, cosine = gradient_scale(grads, reference)
     if abs(scale - 1.0) <= rtol:
