@@ -4,7 +4,7 @@
   global norm, by history, unit-wise.
 - :mod:`~trainopt.stability.scaling` and :mod:`~trainopt.stability.skip`: dynamic loss scaling
   and skipping a step on the device; :mod:`~trainopt.stability.optimizers`: which optimizers a
-  step can be skipped for exactly.
+  step can be skipped for exactly; :mod:`~trainopt.stability.averaging`: an EMA that skips it too.
 - :mod:`~trainopt.stability.monitors`, :mod:`~trainopt.stability.gradients` and
   :mod:`~trainopt.stability.statistics`: loss and gradient monitors on robust statistics.
 - :mod:`~trainopt.stability.checkpoint`, :mod:`~trainopt.stability.fit`, :mod:`~trainopt.stability.rng`
@@ -21,6 +21,7 @@
 - :mod:`~trainopt.stability.faults`: the page's fault-injection run (a demonstration).
 """
 
+from trainopt.stability.averaging import masked_update_parameters
 from trainopt.stability.checker import StabilityChecker
 from trainopt.stability.checkpoint import CheckpointError, CheckpointManager
 from trainopt.stability.clipping import (
@@ -30,12 +31,17 @@ from trainopt.stability.clipping import (
     clip_grads_with_norm_,
     total_grad_norm,
 )
-from trainopt.stability.data import ResumableSampler
+from trainopt.stability.data import ResumableDataLoader, ResumableSampler
 from trainopt.stability.distributed import any_rank, broadcast_from_rank0, is_main_process
 from trainopt.stability.gradients import GradientMonitor, nonfinite_gradients
 from trainopt.stability.logits import qk_norm, z_loss
 from trainopt.stability.monitors import LossSpikeDetector, LossStabilityMonitor
-from trainopt.stability.optimizers import UnsupportedOptimizerError, check_skippable, skips_in_kernel
+from trainopt.stability.optimizers import (
+    UnsupportedOptimizerError,
+    check_no_step_hooks,
+    check_skippable,
+    skips_in_kernel,
+)
 from trainopt.stability.rates import UnsupportedSchedulerError, check_scalable, lr_scale, scale_learning_rate
 from trainopt.stability.recovery import TrainingInstabilityError, TrainingRecovery
 from trainopt.stability.rng import get_rng_state, set_rng_state
@@ -49,10 +55,11 @@ from trainopt.stability.unitwise import adaptive_clip_grad_
 __all__ = [
     "AdaptiveGradientClipper", "CheckpointError", "CheckpointManager", "DynamicLossScaler",
     "GradientMonitor", "HostSyncCounter", "LossSpikeDetector", "LossStabilityMonitor",
-    "ResumableSampler", "StabilityChecker", "TrainingInstabilityError", "TrainingRecovery",
-    "TrainingStabilizer", "UnsupportedOptimizerError", "UnsupportedSchedulerError", "ZScoreClipper",
-    "adaptive_clip_grad_", "any_rank", "broadcast_from_rank0", "check_scalable", "check_skippable",
-    "clip_gradients", "clip_grads_with_norm_", "fused_step", "get_rng_state", "is_main_process",
-    "lr_scale", "masked_step", "nanmedian", "nonfinite_gradients", "qk_norm", "robust_zscore",
-    "scale_learning_rate", "set_rng_state", "skips_in_kernel", "total_grad_norm", "z_loss",
+    "ResumableDataLoader", "ResumableSampler", "StabilityChecker", "TrainingInstabilityError",
+    "TrainingRecovery", "TrainingStabilizer", "UnsupportedOptimizerError", "UnsupportedSchedulerError",
+    "ZScoreClipper", "adaptive_clip_grad_", "any_rank", "broadcast_from_rank0", "check_no_step_hooks",
+    "check_scalable", "check_skippable", "clip_gradients", "clip_grads_with_norm_", "fused_step",
+    "get_rng_state", "is_main_process", "lr_scale", "masked_step", "masked_update_parameters",
+    "nanmedian", "nonfinite_gradients", "qk_norm", "robust_zscore", "scale_learning_rate",
+    "set_rng_state", "skips_in_kernel", "total_grad_norm", "z_loss",
 ]

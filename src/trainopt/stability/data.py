@@ -1,4 +1,4 @@
-"""The position in the data, as state: a batch sampler that a checkpoint can resume mid-epoch."""
+"""The position in the data, as state: a batch sampler and a loader that a checkpoint resumes mid-epoch."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["ResumableSampler"]
+__all__ = ["ResumableDataLoader", "ResumableSampler"]
+
+_NOT_TAKEN = ("shuffle", "sampler", "batch_sampler", "drop_last", "generator")
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    return (seed * 1_000_003 + epoch) % 2**63
 
 
 class ResumableSampler(torch.utils.data.Sampler[list[int]]):
@@ -17,8 +23,10 @@ class ResumableSampler(torch.utils.data.Sampler[list[int]]):
     ``(seed, e)`` alone, cut into batches of ``batch_size`` (the last, shorter one is dropped).
     :meth:`state_dict` holds the epoch and how many of its batches were handed out, so a run
     restored from a checkpoint draws exactly the batches the interrupted run would have drawn
-    next. Use it as a ``DataLoader``'s ``batch_sampler`` with ``num_workers=0`` (workers fetch
-    ahead of the training step, and their batches would count as taken).
+    next. As a ``DataLoader``'s ``batch_sampler`` it counts the batches the loader *fetched*
+    (workers fetch ahead of the training step), and each ``iter(DataLoader)`` draws a seed from
+    the global torch generator, which a resumed run does once more than the run it replaces:
+    :class:`ResumableDataLoader` counts the batches the training loop took and draws nothing.
 
     Args:
         num_samples: Size of the data set.
@@ -52,7 +60,7 @@ class ResumableSampler(torch.utils.data.Sampler[list[int]]):
         return self.num_samples // self.batch_size
 
     def _permutation(self) -> torch.Tensor:
-        generator = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) % 2**63)
+        generator = torch.Generator().manual_seed(_epoch_seed(self.seed, self.epoch))
         return torch.randperm(self.num_samples, generator=generator)
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -92,3 +100,73 @@ class ResumableSampler(torch.utils.data.Sampler[list[int]]):
                 raise ValueError(f"ResumableSampler state has {key}={state.get(key)!r}, this sampler "
                                  f"{getattr(self, key)!r}: a position in other data")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+class ResumableDataLoader(torch.utils.data.DataLoader):
+    """A ``DataLoader`` whose position is the batches the training loop took: it resumes bit for bit.
+
+    Batches come from a :class:`ResumableSampler` (epoch ``e`` shuffled with ``(seed, e)``, the
+    last short batch dropped). :meth:`state_dict` holds the epoch and the batches of it that the
+    loop has taken from the iterator, counted as they are handed out, so batches that workers
+    fetched ahead are not counted. The loader has a private ``torch.Generator``, seeded with
+    ``(seed, epoch)`` whenever an iterator opens, for the workers' base seed: it never draws from
+    the global torch generator, so a resumed run, which opens one iterator more than the run it
+    replaces, keeps dropout and every other draw in step. :meth:`load_state_dict` starts the next
+    iterator at the position without loading the batches before it.
+
+    Iterating gives the rest of the current epoch, like :class:`ResumableSampler`. Randomness
+    inside the data set's ``__getitem__`` draws, with ``num_workers=0``, from the global
+    generators (restore them with :func:`~trainopt.stability.rng.set_rng_state`); in a worker,
+    from a seed per epoch and worker, which a resumed run starts again at its position.
+
+    Args:
+        dataset: A map-style data set (``len`` and ``__getitem__``).
+        batch_size: Samples per batch.
+        seed: Seed of the epochs' order and of the workers' seeds.
+        **kwargs: Any other ``DataLoader`` argument (``num_workers``, ``collate_fn``,
+            ``pin_memory``, ...), except ``shuffle``, ``sampler``, ``batch_sampler``,
+            ``drop_last`` and ``generator``, which this loader sets.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> from trainopt.stability import ResumableDataLoader
+        >>> data = TensorDataset(torch.arange(10.0))
+        >>> loader = ResumableDataLoader(data, batch_size=2, seed=0)
+        >>> epoch = iter(loader)
+        >>> first = next(epoch)
+        >>> state = loader.state_dict()                     # one batch taken
+        >>> rest = [b[0].tolist() for b in epoch]
+        >>> resumed = ResumableDataLoader(data, batch_size=2, seed=0)
+        >>> resumed.load_state_dict(state)
+        >>> [b[0].tolist() for b in resumed] == rest, len(rest), resumed.state_dict()["epoch"]
+        (True, 4, 1)
+    """
+
+    def __init__(self, dataset: Any, batch_size: int = 1, seed: int = 0, **kwargs: Any) -> None:
+        taken = sorted(set(kwargs) & set(_NOT_TAKEN))
+        if taken:
+            raise ValueError(f"ResumableDataLoader sets {', '.join(taken)} itself: leave "
+                             f"{'it' if len(taken) == 1 else 'them'} out (batch_size=, seed= choose the batches)")
+        sampler = ResumableSampler(len(dataset), batch_size, seed)
+        super().__init__(dataset, batch_sampler=sampler, generator=torch.Generator(), **kwargs)
+        self.seed, self.epoch, self.consumed = int(seed), 0, 0
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        """The rest of the current epoch, counting each batch as the loop takes it."""
+        sampler = self.batch_sampler
+        sampler.epoch, sampler.position = self.epoch, self.consumed
+        self.generator.manual_seed(_epoch_seed(self.seed, self.epoch) ^ 0x5EED)
+        for batch in super().__iter__():
+            self.consumed += 1
+            yield batch
+        self.epoch, self.consumed = self.epoch + 1, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch, the batches of it the loop took, and the settings they depend on."""
+        return {**self.batch_sampler.state_dict(), "epoch": self.epoch, "position": self.consumed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s position (the settings must match)."""
+        self.batch_sampler.load_state_dict(state)
+        self.epoch, self.consumed = self.batch_sampler.epoch, self.batch_sampler.position

@@ -16,6 +16,10 @@ on the host (a sync every step):
   ``.item()``; ``ASGD`` and ``Rprop`` without ``capturable=True``): found by running one step of
   a twin optimizer on a two-element parameter under ``torch.cuda.set_sync_debug_mode("error")``.
 
+:func:`check_no_step_hooks` refuses an optimizer with step hooks (``register_step_pre_hook``,
+``register_step_post_hook``, or torch's global ones): a skipped step still calls ``step()``, so
+a hook would see an update that is then undone.
+
 Everything else in ``torch.optim`` is skipped exactly: fused optimizers inside their kernel
 (:func:`~trainopt.stability.skip.fused_step`), the others by
 :func:`~trainopt.stability.skip.masked_step`.
@@ -29,7 +33,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["UnsupportedOptimizerError", "check_skippable", "skips_in_kernel"]
+__all__ = ["UnsupportedOptimizerError", "check_no_step_hooks", "check_skippable", "skips_in_kernel"]
 
 
 class UnsupportedOptimizerError(ValueError):
@@ -148,3 +152,55 @@ def check_skippable(optimizer: torch.optim.Optimizer) -> None:
                 "use dampening=0 (torch's default), or another optimizer")
         if group["params"]:
             _check_group_on_its_device(optimizer, group, fused)
+
+
+def _step_hooks(optimizer: torch.optim.Optimizer) -> list[tuple[str, object]]:
+    from torch.optim import optimizer as torch_optimizer
+
+    tables = (("pre hook of this optimizer", getattr(optimizer, "_optimizer_step_pre_hooks", {})),
+              ("post hook of this optimizer", getattr(optimizer, "_optimizer_step_post_hooks", {})),
+              ("global pre hook", torch_optimizer._global_optimizer_pre_hooks),
+              ("global post hook", torch_optimizer._global_optimizer_post_hooks))
+    return [(kind, hook) for kind, hooks in tables for hook in hooks.values()]
+
+
+def check_no_step_hooks(optimizer: torch.optim.Optimizer) -> None:
+    """Raise :class:`UnsupportedOptimizerError` if a step hook would see a skipped step.
+
+    A skipped step runs ``optimizer.step()`` and undoes it (:func:`~trainopt.stability.skip.masked_step`),
+    or runs a fused kernel that does nothing (:func:`~trainopt.stability.skip.fused_step`): either
+    way the hooks run as for an applied step. An EMA kept by a post hook would average an update
+    that was undone, or count a step that never happened. The error names each hook (its
+    ``__qualname__``), and says whether it is a pre or post hook, of this optimizer
+    (``register_step_pre_hook``/``register_step_post_hook``) or global
+    (``torch.optim.optimizer.register_optimizer_step_pre_hook``/``..._post_hook``). The check reads
+    four dict lengths when there are no hooks: it is cheap enough for every step.
+
+    Example:
+        >>> import torch
+        >>> from trainopt.stability import UnsupportedOptimizerError, check_no_step_hooks
+        >>> w = torch.nn.Parameter(torch.zeros(2))
+        >>> opt = torch.optim.AdamW([w])
+        >>> check_no_step_hooks(opt)  # fine: no hooks
+        >>> def update_ema(optimizer, args, kwargs):
+        ...     pass
+        >>> handle = opt.register_step_post_hook(update_ema)
+        >>> try:
+        ...     check_no_step_hooks(opt)
+        ... except UnsupportedOptimizerError as error:
+        ...     print(str(error).split(": ")[2].split(";")[0])
+        post hook of this optimizer update_ema
+        >>> handle.remove()
+    """
+    from torch.optim import optimizer as torch_optimizer
+
+    if not (getattr(optimizer, "_optimizer_step_pre_hooks", None) or torch_optimizer._global_optimizer_pre_hooks
+            or getattr(optimizer, "_optimizer_step_post_hooks", None)
+            or torch_optimizer._global_optimizer_post_hooks):
+        return
+    named = ", ".join(f"{kind} {getattr(hook, '__qualname__', None) or repr(hook)}"
+                      for kind, hook in _step_hooks(optimizer))
+    raise _refuse(optimizer, f"it has optimizer step hooks, which would run on skipped steps too: {named}",
+                  "remove them (handle.remove()); for an EMA or SWA of the weights, pass a "
+                  "torch.optim.swa_utils.AveragedModel to the stabilizer's averaged= (or call "
+                  "trainopt.stability.masked_update_parameters), which leaves it unchanged on skipped steps")
