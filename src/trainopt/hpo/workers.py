@@ -74,7 +74,8 @@ def run_trial(trial: optuna.Trial, space: SearchSpace, objective: Objective) -> 
 
 
 def run_worker(study: optuna.Study, space: SearchSpace, objective: Objective,
-               show_progress_bar: bool = False, reseed: bool = False) -> dict[str, int]:
+               show_progress_bar: bool = False, reseed: bool = False,
+               stop: Callable[[], bool] | None = None) -> dict[str, int]:
     """Run waiting trials of ``study`` until none is left; return this worker's counts by final state.
 
     Many processes, on many machines, may run this on the same storage at once: together they
@@ -87,6 +88,9 @@ def run_worker(study: optuna.Study, space: SearchSpace, objective: Objective,
     Pass ``reseed=True`` in each worker so that workers built with the same seed don't draw
     the same random numbers (Optuna does the same for ``n_jobs``); QMC points still come from
     one shared sequence.
+
+    ``stop`` is asked before each claim and while waiting: once it returns ``True`` the worker
+    claims no more trials and returns (the command line's ``--timeout`` and SIGTERM).
 
     Example:
         >>> from trainopt.hpo import SearchSpace, create_study, run_worker
@@ -117,7 +121,7 @@ def run_worker(study: optuna.Study, space: SearchSpace, objective: Objective,
 
     current: dict[str, Any] = {}
     try:
-        while True:
+        while stop is None or not stop():
             current.clear()
             try:
                 with waiting_trials_only():
