@@ -447,4 +447,4 @@ def test_cli_tunes_prints_the_best_trial_and_writes_plots(tmp_path: Path) -> Non
     assert "5/5" in result.stderr  # the progress bar
     assert (tmp_path / "cli.db").exists()
     assert sorted(p.name for p in (tmp_path / "cli-plots").iterdir()) == [
-        "cli-history.png", "cli-importances.png", "cli-intermediate.png"]
+        "cli-contour.png", "cli-history.png", "cli-importances.png", "cli-intermediate.png", "cli-parallel.png"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -30,13 +31,17 @@ import yaml
 
 from trainopt.hpo.digits import OBJECTIVES, digits_objective
 from trainopt.hpo.space import SearchSpace, _config_error
-from trainopt.hpo.study import PRUNERS, SAMPLERS, make_pruner
+from trainopt.hpo.study import PRUNERS, SAMPLERS, make_pruner, make_sampler
 from trainopt.hpo.workers import Objective
 
 SECTIONS = ("objective", "study", "training", "fixed", "search_space")
 STUDY_KEYS = ("name", "objectives", "directions", "sampler", "pruner", "prune_after", "seed", "heartbeat")
 TRAINING_KEYS = ("steps", "report_every")
 DIGITS_FIXED_KEYS = ("lr", "weight_decay", "hidden", "depth", "batch_size")
+MAX_OBJECTIVES = 3
+"""The most objectives a study may have: the Pareto-front plot draws 2 or 3 of them."""
+MAX_SEED = 2**32 - 1
+"""The largest seed NumPy's generators (and with them Optuna's samplers) accept."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,8 @@ class HPOConfig:
             ``("minimize",)``).
         objectives: The digits example's metrics, from ``val_loss``, ``val_accuracy``, ``n_params``.
         sampler: One of ``trainopt.hpo.SAMPLERS``.
-        pruner: One of ``trainopt.hpo.PRUNERS``, or ``None``.
+        pruner: One of ``trainopt.hpo.PRUNERS``, or ``None`` (the only choice for several
+            objectives: Optuna can't prune a multi-objective study).
         prune_after: No trial is pruned before this step.
         seed: Seed of the sampler.
         heartbeat: Seconds between a running trial's heartbeats (``None``: off).
@@ -88,6 +94,14 @@ class HPOConfig:
         if self.directions is None:
             derived = tuple(OBJECTIVES[name] for name in self.objectives) if self.objective is None else ("minimize",)
             object.__setattr__(self, "directions", derived)
+        assert self.directions is not None
+        field_name = "study.directions" if self.objective is not None else "study.objectives"
+        if len(self.directions) > MAX_OBJECTIVES:
+            raise _config_error(field_name, f"at most {MAX_OBJECTIVES} objectives (the Pareto-front plot draws "
+                                            f"2 or 3), got {len(self.directions)}")
+        if len(self.directions) > 1 and self.pruner not in (None, "none"):
+            raise _config_error("study.pruner", f"must be null for a multi-objective study (Optuna can't prune "
+                                                f"one), got {self.pruner!r}")
 
     def make_pruner(self) -> optuna.pruners.BasePruner:
         """The pruner this config describes."""
@@ -122,6 +136,11 @@ def load_objective(reference: str, field_name: str = "objective") -> Callable[..
         >>> from trainopt.hpo import load_objective
         >>> load_objective("trainopt.hpo.digits:digits_objective").__name__
         'digits_objective'
+        >>> try:
+        ...     load_objective("os:system")
+        ... except Exception as error:
+        ...     print(error)
+        objective: must be a function objective(trial, params) -> value or values; 'os:system' is system(command...)
     """
     module_name, colon, name = str(reference).partition(":")
     if not colon or not module_name or not name:
@@ -135,8 +154,23 @@ def load_objective(reference: str, field_name: str = "objective") -> Callable[..
         if not hasattr(target, part):
             raise _config_error(field_name, f"module {module_name!r} has no {name!r}")
         target = getattr(target, part)
-    if not callable(target):
-        raise _config_error(field_name, f"{reference!r} must be a function (trial, params) -> value or values")
+    return _check_signature(target, reference, field_name)
+
+
+def _check_signature(target: Any, reference: str, field_name: str) -> Callable[..., Any]:
+    """``target`` if it can be called as ``target(trial, params)`` and is not a class."""
+    wanted = f"must be a function objective(trial, params) -> value or values; {reference!r} is"
+    if inspect.isclass(target) or not callable(target):
+        kind = "a class" if inspect.isclass(target) else f"a {type(target).__name__}"
+        raise _config_error(field_name, f"{wanted} {kind}")
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # a builtin without a signature: can't tell what it takes
+        raise _config_error(field_name, f"{wanted} a builtin whose arguments can't be checked") from None
+    try:
+        signature.bind(object(), {})
+    except TypeError:
+        raise _config_error(field_name, f"{wanted} {getattr(target, '__name__', 'callable')}{signature}") from None
     return target
 
 
@@ -187,9 +221,12 @@ def _int(value: Any, field_name: str, minimum: int, or_null: bool = False) -> An
     return value
 
 
-def _names(value: Any, field_name: str, allowed: Mapping[str, Any] | tuple[str, ...]) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value or any(v not in allowed for v in value):
+def _names(value: Any, field_name: str, allowed: Mapping[str, Any] | tuple[str, ...],
+           unique: bool = False) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or any(not isinstance(v, str) or v not in allowed for v in value):
         raise _config_error(field_name, f"must be a non-empty list from {sorted(allowed)}, got {value!r}")
+    if unique and len(set(value)) < len(value):
+        raise _config_error(field_name, f"names each metric once, got {value!r}")
     return tuple(value)
 
 
@@ -232,20 +269,23 @@ def load_hpo_config(path: str | Path) -> HPOConfig:
     sampler = study.get("sampler", "tpe")
     if sampler not in SAMPLERS:
         raise _config_error("study.sampler", f"must be one of {list(SAMPLERS)}, got {sampler!r}")
-    pruner = study.get("pruner", "median")
+    directions = study.get("directions")
+    directions = None if directions is None else _names(directions, "study.directions", ("minimize", "maximize"))
+    objectives = _names(study.get("objectives", ["val_loss"]), "study.objectives", OBJECTIVES, unique=True)
+    several = len(directions or ()) > 1 if objective is not None else len(objectives) > 1
+    pruner = study.get("pruner", None if several else "median")  # Optuna can't prune several objectives
     if pruner not in (*PRUNERS, None):
         raise _config_error("study.pruner", f"must be one of {list(PRUNERS)} or null, got {pruner!r}")
     seed = study.get("seed", 0)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise _config_error("study.seed", f"must be an int or null, got {seed!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
+        raise _config_error("study.seed", f"must be an int from 0 to 2**32 - 1, or null, got {seed!r}")
     overlap = sorted(set(fixed) & set(space))
     if overlap:
         raise _config_error(f"fixed.{overlap[0]}", "is also in search_space: a hyperparameter is either fixed or tuned")
-    directions = study.get("directions")
+    if sampler in ("grid", "gp"):
+        make_sampler(sampler, seed, space)  # a grid needs steps or choices; gp needs scipy
     return HPOConfig(
-        name=name, space=space, objective=objective,
-        directions=None if directions is None else _names(directions, "study.directions", ("minimize", "maximize")),
-        objectives=_names(study.get("objectives", ["val_loss"]), "study.objectives", OBJECTIVES),
+        name=name, space=space, objective=objective, directions=directions, objectives=objectives,
         sampler=sampler, pruner=pruner, seed=seed,
         prune_after=_int(study.get("prune_after", 0), "study.prune_after", 0),
         heartbeat=_int(study.get("heartbeat", 60), "study.heartbeat", 1, or_null=True),

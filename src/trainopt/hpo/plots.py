@@ -1,5 +1,8 @@
 """Study plots as matplotlib Figures (headless), through ``optuna.visualization.matplotlib``.
 
+History, learning curves, PED-ANOVA importances, parallel coordinates and contours for one
+objective; the Pareto front for two or three; the isolation plot of a scientific hyperparameter.
+
 Optuna marks its matplotlib plots experimental and warns on each call; the warning is
 silenced here, around those calls only, so that warnings-as-errors builds and test runs stay
 clean without hiding anything else.
@@ -18,7 +21,7 @@ import optuna
 from matplotlib.figure import Figure
 from optuna.visualization import matplotlib as optuna_mpl
 
-PLOTS = ("history", "importances", "intermediate", "pareto", "isolation")
+PLOTS = ("history", "importances", "intermediate", "pareto", "isolation", "parallel", "contour")
 _DEMO_STUDIES: dict[tuple[Any, ...], optuna.Study] = {}
 
 
@@ -67,8 +70,25 @@ def plot_history(study: optuna.Study) -> Figure:
     return _figure(optuna_mpl.plot_optimization_history, study)
 
 
+def importance_evaluator() -> optuna.importance.BaseImportanceEvaluator:
+    """PED-ANOVA, the evaluator behind :func:`plot_importances`, named rather than left to Optuna's default.
+
+    PED-ANOVA (Watanabe et al., IJCAI 2023) scores a hyperparameter by how much the
+    distribution of its values in the best trials (the top 10 %) differs from its distribution
+    in all of them. It is Optuna 5's default for ``optuna.importance.get_param_importances``;
+    Optuna 4's default was fANOVA, so it is passed explicitly here, on every Optuna in the range.
+
+    Example:
+        >>> from trainopt.hpo.plots import importance_evaluator
+        >>> type(importance_evaluator()).__name__
+        'PedAnovaImportanceEvaluator'
+    """
+    with quiet_experimental():  # experimental on Optuna 4
+        return optuna.importance.PedAnovaImportanceEvaluator()
+
+
 def plot_importances(study: optuna.Study) -> Figure:
-    """How much of the objective's variance each hyperparameter explains (fANOVA).
+    """Which hyperparameters matter for the best trials, by PED-ANOVA (:func:`importance_evaluator`).
 
     Example:
         >>> import optuna
@@ -83,7 +103,43 @@ def plot_importances(study: optuna.Study) -> Figure:
         >>> bool(bars["x"] > bars["y"])  # x moves the objective, y barely does
         True
     """
-    return _figure(optuna_mpl.plot_param_importances, study)
+    return _figure(optuna_mpl.plot_param_importances, study, evaluator=importance_evaluator())
+
+
+def plot_parallel(study: optuna.Study) -> Figure:
+    """One line per completed trial across the axes of its hyperparameters, coloured by its value.
+
+    Example:
+        >>> import optuna
+        >>> from trainopt.hpo.plots import plot_parallel
+        >>> study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        >>> study.optimize(lambda trial: trial.suggest_float("x", -1, 1) ** 2
+        ...                + trial.suggest_float("y", -1, 1), n_trials=5)
+        >>> plot_parallel(study).axes[0].get_title()
+        'Parallel Coordinate Plot'
+    """
+    return _figure(optuna_mpl.plot_parallel_coordinate, study)
+
+
+def plot_contour(study: optuna.Study, params: list[str] | None = None) -> Figure:
+    """The objective over two hyperparameters (by default the two that PED-ANOVA ranks highest).
+
+    Example:
+        >>> import optuna
+        >>> from trainopt.hpo.plots import plot_contour
+        >>> study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        >>> study.optimize(lambda trial: trial.suggest_float("x", -1, 1) ** 2
+        ...                + trial.suggest_float("y", -1, 1) + trial.suggest_float("z", -1, 1),
+        ...                n_trials=12)
+        >>> ax = plot_contour(study, ["x", "y"]).axes[0]
+        >>> ax.get_xlabel(), ax.get_ylabel()
+        ('x', 'y')
+    """
+    if params is None:
+        with quiet_experimental():
+            ranked = optuna.importance.get_param_importances(study, evaluator=importance_evaluator())
+        params = list(ranked)[:2]
+    return _figure(optuna_mpl.plot_contour, study, params=params)
 
 
 def plot_intermediate(study: optuna.Study) -> Figure:
@@ -166,7 +222,7 @@ def save_plots(study: optuna.Study, out_dir: str | Path) -> list[Path]:
         >>> study = optuna.create_study(study_name="doc")
         >>> study.optimize(lambda trial: trial.suggest_float("x", -1, 1) ** 2, n_trials=3)
         >>> [path.name for path in save_plots(study, tempfile.mkdtemp())]
-        ['doc-history.png', 'doc-intermediate.png', 'doc-importances.png']
+        ['doc-history.png', 'doc-intermediate.png', 'doc-importances.png', 'doc-parallel.png']
     """
     import matplotlib.pyplot as plt
 
@@ -179,6 +235,9 @@ def save_plots(study: optuna.Study, out_dir: str | Path) -> list[Path]:
         plots = {"history": plot_history, "intermediate": plot_intermediate}
         if len(complete) >= 2:
             plots["importances"] = plot_importances
+            plots["parallel"] = plot_parallel
+            if len({name for trial in complete for name in trial.params}) >= 2:
+                plots["contour"] = plot_contour
     written = []
     for name, plot in plots.items():
         fig = plot(study)
@@ -275,4 +334,5 @@ def demo_figure(plot: str = "history") -> Figure:
     if plot == "pareto":
         return plot_pareto(demo_study(("val_loss", "n_params")), target_names=["validation loss", "parameters"])
     study = demo_study()
-    return {"history": plot_history, "importances": plot_importances, "intermediate": plot_intermediate}[plot](study)
+    return {"history": plot_history, "importances": plot_importances, "intermediate": plot_intermediate,
+            "parallel": plot_parallel, "contour": plot_contour}[plot](study)

@@ -122,6 +122,9 @@ class ParamSpec:
             step = _number(step, f"{field}.step", kind)
             if step <= 0:
                 raise _config_error(f"{field}.step", f"must be positive, got {step!r}")
+            if step > high - low:
+                raise _config_error(f"{field}.step", f"must be at most high - low = {high - low!r} (a larger "
+                                                     f"step leaves only low to draw), got {step!r}")
         if log and low <= 0:
             raise _config_error(f"{field}.low", f"must be > 0 when log is true, got {low!r}")
         if log and step not in (None, 1):
