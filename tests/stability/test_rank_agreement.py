@@ -17,7 +17,10 @@ from trainopt.stability.rank_agreement import rank_agreement_check
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    return launch(rank_agreement_check, 2, str(tmp_path_factory.mktemp("agreement")), backend="gloo")
+    # A broken agreement (ranks calling different collectives) fails in seconds instead of hanging:
+    # a collective waits 20 s at most, and ranks still running after 180 s are stopped.
+    return launch(rank_agreement_check, 2, str(tmp_path_factory.mktemp("agreement")), backend="gloo",
+                  timeout=180, collective_timeout=20)
 
 
 def test_a_spike_or_a_nan_seen_by_one_rank_is_skipped_on_both_and_the_ranks_stay_bitwise_equal(ranks) -> None:

@@ -44,7 +44,7 @@ needs_fsdp2 = pytest.mark.skipif(not fsdp2_available(), reason="FSDP2 (fully_sha
 @pytest.fixture(scope="module")
 def checks() -> list[dict]:
     """All multi-process checks, run once on 2 gloo processes; one result dict per rank."""
-    return launch(all_checks, 2, backend="gloo")
+    return launch(all_checks, 2, backend="gloo", timeout=300, collective_timeout=30)
 
 
 # --- equivalence with one process on the combined batch ------------------------------------
@@ -261,13 +261,15 @@ def test_gradient_sync_on_a_plain_module_just_accumulates():
 
 def test_launch_names_the_failing_rank_and_stops_the_others():
     with pytest.raises(WorkerError, match="rank 1 failed") as info:
-        launch(raise_on_rank, 2, 1, backend="gloo")
+        launch(raise_on_rank, 2, 1, backend="gloo", timeout=120, collective_timeout=30)
     assert info.value.rank == 1 and "raises on purpose" in str(info.value)
 
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(nprocs=0), "nprocs must be a positive int"),
     (dict(nprocs=2, backend="mpi"), "backend must be 'gloo', 'nccl' or None"),
+    (dict(nprocs=2, timeout=0), "timeout must be a positive number of seconds, got timeout=0"),
+    (dict(nprocs=2, collective_timeout="60"), "collective_timeout must be a positive number of seconds"),
 ])
 def test_launch_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -94,7 +94,7 @@ def test_a_checkpoint_round_trip_restores_model_and_optimizer(tmp_path):
 
 @pytest.mark.skipif(not fsdp2_available(), reason="FSDP2 (fully_shard) needs torch >= 2.4")
 def test_a_checkpoint_saved_by_two_fsdp2_ranks_resumes_and_loads_into_one_plain_model(tmp_path):
-    ranks = launch(sharded_checkpoint_check, 2, str(tmp_path), backend="gloo")
+    ranks = launch(sharded_checkpoint_check, 2, str(tmp_path), backend="gloo", timeout=300, collective_timeout=30)
     assert [r["max_param_diff"] for r in ranks] == [0.0, 0.0]
     assert [r["resumed_step"] for r in ranks] == [2.0, 2.0]
     plain = GPT(gpt_config("tiny"))

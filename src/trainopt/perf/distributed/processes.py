@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
+import faulthandler
 import os
+import signal
 import socket
 import tempfile
 import time
@@ -31,6 +34,25 @@ class WorkerError(RuntimeError):
     def __init__(self, rank: int, message: str) -> None:
         super().__init__(f"rank {rank} failed:\n{message}")
         self.rank = rank
+
+
+class WorkerTimeoutError(WorkerError):
+    """Ranks started by :func:`launch` did not finish by its deadline; they were stopped.
+
+    ``ranks`` lists the ranks still running at the deadline (``rank`` is the first of them); the
+    message names them and, on POSIX, shows where each one was (its Python stack).
+
+    Example:
+        >>> from trainopt.perf.distributed.processes import WorkerTimeoutError
+        >>> error = WorkerTimeoutError([1], 30.0, "")
+        >>> error.rank, error.ranks, str(error)
+        (1, [1], 'rank 1 did not finish within 30 s: stopped')
+    """
+
+    def __init__(self, ranks: list[int], timeout: float, stacks: str) -> None:
+        names = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+        RuntimeError.__init__(self, f"{names} did not finish within {timeout:g} s: stopped{stacks}")
+        self.rank, self.ranks = ranks[0], list(ranks)
 
 
 def default_backend(nprocs: int) -> str:
@@ -74,7 +96,7 @@ def rank_device() -> torch.device:
     return torch.device("cpu")
 
 
-def init_from_env(backend: str | None = None) -> torch.device:
+def init_from_env(backend: str | None = None, timeout: float | None = None) -> torch.device:
     """Join the process group that ``torchrun`` describes in the environment; return the device.
 
     Reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (``init_method="env://"``).
@@ -84,6 +106,8 @@ def init_from_env(backend: str | None = None) -> torch.device:
 
     Args:
         backend: ``"nccl"`` or ``"gloo"``; ``None`` picks NCCL when CUDA is available.
+        timeout: Seconds a collective may wait for the other ranks before it raises; ``None``
+            keeps torch's default (10 minutes for NCCL, 30 for gloo).
 
     Returns:
         ``cuda:<LOCAL_RANK>`` under NCCL, else the CPU.
@@ -110,7 +134,8 @@ def init_from_env(backend: str | None = None) -> torch.device:
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method="env://")
+    kwargs = {} if timeout is None else {"timeout": datetime.timedelta(seconds=timeout)}
+    dist.init_process_group(backend, init_method="env://", **kwargs)
     return device
 
 
@@ -140,12 +165,15 @@ def single_process_group(backend: str = "gloo") -> Iterator[None]:
 
 
 def _run_rank(rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, port: int,
-              backend: str, out_dir: str) -> None:
+              backend: str, out_dir: str, collective_timeout: float) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs))
+    if hasattr(signal, "SIGUSR1"):  # launch asks a rank that is late where it is
+        stack = (Path(out_dir) / f"rank{rank}.stack").open("w")
+        faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True)
     if backend == "gloo":  # as torchrun does: N processes must not each start one thread per core
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))
-    init_from_env(backend)
+    init_from_env(backend, timeout=collective_timeout)
     try:
         result = fn(*args)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
@@ -169,8 +197,32 @@ def _first_error(out_dir: str) -> WorkerError | None:
     return WorkerError(rank, message)
 
 
-def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None = None) -> list[Any]:
-    """Run ``fn(*args)`` on ``nprocs`` local processes joined in one process group.
+def _stop_late(context: Any, out_dir: str, timeout: float) -> WorkerTimeoutError:
+    """Stop the ranks still running (their stacks first, where the OS can say); name them."""
+    late = [rank for rank, process in enumerate(context.processes) if process.is_alive()]
+    if hasattr(signal, "SIGUSR1"):
+        for rank in late:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(context.processes[rank].pid, signal.SIGUSR1)
+        time.sleep(0.5)
+    for rank in late:
+        context.processes[rank].terminate()
+    for rank in late:
+        context.processes[rank].join(2.0)
+        if context.processes[rank].is_alive():
+            context.processes[rank].kill()
+            context.processes[rank].join()
+    stacks = ""
+    for rank in late:
+        path = Path(out_dir) / f"rank{rank}.stack"
+        text = path.read_text().strip() if path.exists() else ""
+        stacks += f"\n--- rank {rank} was in:\n{text}" if text else ""
+    return WorkerTimeoutError(late, timeout, stacks)
+
+
+def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None = None,
+           timeout: float | None = 3600.0, collective_timeout: float = 60.0) -> list[Any]:
+    """Run ``fn(*args)`` on ``nprocs`` local processes joined in one process group, by a deadline.
 
     Each process gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
     ``MASTER_PORT`` (a free loopback port) in its environment, as ``torchrun`` sets them, and
@@ -178,12 +230,19 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None 
     in a module, not in ``__main__`` or a notebook), because the processes are spawned. Its
     result must be made of tensors, numbers, strings, lists and dicts.
 
+    Nothing waits forever: a collective that waits more than ``collective_timeout`` seconds for
+    the other ranks raises on its rank (ranks that disagree on the collectives they call, for
+    example), and ranks still running ``timeout`` seconds after the start are stopped.
+
     Args:
         fn: The function each rank runs; it reads its rank from ``torch.distributed``.
         nprocs: Number of processes (the world size), at least 1.
         *args: Passed to ``fn`` on every rank.
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per process); ``None`` picks
             :func:`default_backend`.
+        timeout: Seconds from the start until the ranks still running are stopped (the start
+            of the processes included); ``None`` waits for ever.
+        collective_timeout: The process group's timeout, in seconds: how long a collective waits.
 
     Returns:
         The results of ``fn``, indexed by rank.
@@ -191,6 +250,8 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None 
     Raises:
         WorkerError: ``fn`` raised on some rank; the message names the rank that failed
             first and has its traceback. The other ranks are stopped.
+        WorkerTimeoutError: Ranks were still running at the deadline (a subclass of
+            ``WorkerError``); the message names them and shows where each one was.
 
     Example:
         >>> from trainopt.perf.distributed import launch
@@ -206,10 +267,19 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None 
     if backend == "nccl" and torch.cuda.device_count() < nprocs:
         raise ValueError(f"backend='nccl' needs one GPU per process: {nprocs=}, "
                          f"{torch.cuda.device_count()} visible")
+    for name, value in (("timeout", timeout), ("collective_timeout", collective_timeout)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise ValueError(f"{name} must be a positive number of seconds, got {name}={value!r}")
+    deadline = None if timeout is None else time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="trainopt-launch-") as out_dir:
         try:
-            mp.start_processes(_run_rank, args=(fn, args, nprocs, free_port(), backend, out_dir),
-                               nprocs=nprocs, join=True, start_method="spawn")
+            context = mp.start_processes(
+                _run_rank, args=(fn, args, nprocs, free_port(), backend, out_dir, float(collective_timeout)),
+                nprocs=nprocs, join=False, start_method="spawn")
+            while not context.join(None if deadline is None else max(0.0, deadline - time.monotonic()),
+                                   grace_period=5.0):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise _stop_late(context, out_dir, timeout)
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
             error = _first_error(out_dir)
             finished = all((Path(out_dir) / f"rank{r}.pt").exists() for r in range(nprocs))
