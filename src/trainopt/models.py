@@ -20,15 +20,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-# ---------------------------------------------------------------------------------------------
-# Digits: a real classification task that ships with scikit-learn
-# ---------------------------------------------------------------------------------------------
-
-
 __all__ = [
     "GPT", "GPT_PRESETS", "MLP", "Block", "CausalSelfAttention", "GPTConfig", "digits_data", "digits_loaders",
     "digits_mlp", "evaluate", "gpt_config", "synthetic_batch",
 ]
+
+# --- Digits: a real classification task that ships with scikit-learn -------------------------
+
 
 def digits_data(
     dtype: torch.dtype = torch.float32, val_fraction: float = 0.2, seed: int = 0
@@ -65,12 +63,7 @@ def digits_data(
     # A pixel that is constant in the training split is only centred: dividing by a clamped
     # std of 1e-6 turned a validation sample's 1 into 1e6 and dominated the validation loss.
     std = torch.where(std > 1e-6, std, torch.ones_like(std))
-    return (
-        ((x_train - mean) / std).to(dtype),
-        y_train,
-        ((x_val - mean) / std).to(dtype),
-        y_val,
-    )
+    return ((x_train - mean) / std).to(dtype), y_train, ((x_val - mean) / std).to(dtype), y_val
 
 
 def digits_loaders(
@@ -99,8 +92,13 @@ def digits_loaders(
     return train, val
 
 
-def digits_mlp(hidden: int = 128, depth: int = 2, seed: int | None = 0) -> nn.Sequential:
+def digits_mlp(
+    hidden: int = 128, depth: int = 2, seed: int | None = 0, dropout: float = 0.0
+) -> nn.Sequential:
     """An MLP for the 64-pixel digits: ``depth`` hidden layers of width ``hidden`` with GELU.
+
+    With ``dropout > 0`` an ``nn.Dropout(dropout)`` follows each hidden activation, so every
+    training step draws random numbers; the default 0 adds none (the same model, bit for bit).
 
     Example:
         >>> import torch
@@ -108,13 +106,17 @@ def digits_mlp(hidden: int = 128, depth: int = 2, seed: int | None = 0) -> nn.Se
         >>> model = digits_mlp()
         >>> model(torch.zeros(5, 64)).shape
         torch.Size([5, 10])
+        >>> digits_mlp(dropout=0.1)[2]
+        Dropout(p=0.1, inplace=False)
     """
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout=}")
     if seed is not None:
         torch.manual_seed(seed)
     layers: list[nn.Module] = []
     width = 64
     for _ in range(depth):
-        layers += [nn.Linear(width, hidden), nn.GELU()]
+        layers += [nn.Linear(width, hidden), nn.GELU()] + ([nn.Dropout(dropout)] if dropout else [])
         width = hidden
     layers.append(nn.Linear(width, 10))
     return nn.Sequential(*layers)
@@ -148,9 +150,7 @@ def evaluate(model: nn.Module, loader: DataLoader, device: str | torch.device = 
     return (total_loss / count).item(), (correct / count).item()
 
 
-# ---------------------------------------------------------------------------------------------
-# GPT: the reference transformer of the performance pages
-# ---------------------------------------------------------------------------------------------
+# --- GPT: the reference transformer of the performance pages ---------------------------------
 
 
 @dataclass(frozen=True)
