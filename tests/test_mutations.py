@@ -88,6 +88,35 @@ MUTATIONS = [
         "        found_inf = skip.to(torch.float32)\n        _ = bool(found_inf)\n",
         ("tests/stability/test_sync_free.py",),
     ),
+    Mutation(
+        "a resume does not restore the random generators (the recipe's dropout draws differ)",
+        "stability/stabilizer_state.py",
+        '        set_rng_state(entry["rng"])\n',
+        "        pass  # the generators are not restored\n",
+        ("tests/stability/test_recipe_restarts.py"
+         "::test_a_run_killed_at_random_moments_ends_bitwise_equal_to_an_uninterrupted_run",),
+    ),
+    Mutation(
+        "the resumable loader draws its workers' seed from the global generator",
+        "stability/data.py",
+        "        self.generator.manual_seed(_epoch_seed(self.seed, self.epoch) ^ 0x5EED)\n",
+        "        self.generator = None  # DataLoader draws from the global generator\n",
+        ("tests/stability/test_data_resume.py",),
+    ),
+    Mutation(
+        "the resumable loader's position counts the batches its workers fetched",
+        "stability/data.py",
+        '"epoch": self.epoch, "position": self.consumed}',
+        '"epoch": self.epoch, "position": self.batch_sampler.position}',
+        ("tests/stability/test_data_resume.py",),
+    ),
+    Mutation(
+        "an averaged model counts a skipped update",
+        "stability/averaging.py",
+        "    count.copy_(torch.where(keep(count.device), count, count + 1))",
+        "    count.add_(1)",
+        ("tests/stability/test_averaging.py",),
+    ),
 ]
 
 
