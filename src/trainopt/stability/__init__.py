@@ -48,18 +48,19 @@ from trainopt.stability.rng import get_rng_state, set_rng_state
 from trainopt.stability.scaling import DynamicLossScaler
 from trainopt.stability.skip import fused_step, masked_step
 from trainopt.stability.stabilizer import TrainingStabilizer
-from trainopt.stability.statistics import nanmedian, robust_zscore
+from trainopt.stability.schedule_window import ScheduleWindow, UnsupportedScheduleError
+from trainopt.stability.statistics import nanmax, nanmedian, robust_zscore, tail_score
 from trainopt.stability.syncs import HostSyncCounter
 from trainopt.stability.unitwise import adaptive_clip_grad_
 
 __all__ = [
     "AdaptiveGradientClipper", "CheckpointError", "CheckpointManager", "DynamicLossScaler",
     "GradientMonitor", "HostSyncCounter", "LossSpikeDetector", "LossStabilityMonitor",
-    "ResumableDataLoader", "ResumableSampler", "StabilityChecker", "TrainingInstabilityError",
-    "TrainingRecovery", "TrainingStabilizer", "UnsupportedOptimizerError", "UnsupportedSchedulerError",
+    "ResumableDataLoader", "ResumableSampler", "ScheduleWindow", "StabilityChecker", "TrainingInstabilityError",
+    "TrainingRecovery", "TrainingStabilizer", "UnsupportedOptimizerError", "UnsupportedScheduleError", "UnsupportedSchedulerError",
     "ZScoreClipper", "adaptive_clip_grad_", "any_rank", "broadcast_from_rank0", "check_no_step_hooks",
     "check_scalable", "check_skippable", "clip_gradients", "clip_grads_with_norm_", "fused_step",
     "get_rng_state", "is_main_process", "lr_scale", "masked_step", "masked_update_parameters",
-    "nanmedian", "nonfinite_gradients", "qk_norm", "robust_zscore", "scale_learning_rate",
+    "nanmax", "nanmedian", "nonfinite_gradients", "qk_norm", "robust_zscore", "scale_learning_rate", "tail_score",
     "set_rng_state", "skips_in_kernel", "total_grad_norm", "z_loss",
 ]

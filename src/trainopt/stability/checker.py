@@ -10,12 +10,14 @@ import torch
 from trainopt.stability.distributed import any_rank, max_over_ranks
 from trainopt.stability.gradients import GradientMonitor
 from trainopt.stability.monitors import LossStabilityMonitor
+from trainopt.stability.statistics import _as_finite_or_nan, nanmedian
 
 __all__ = ["StabilityChecker"]
 
 # The numbers of a report that decide: each becomes its largest value over the ranks.
-_REDUCED = (("loss", "nonfinite"), ("loss", "spikes"), ("loss", "max_z"), ("gradients", "nonfinite"),
-            ("gradients", "explosions"), ("gradients", "max_grad_norm"), ("gradients", "param_norm"))
+_REDUCED = (("loss", "nonfinite"), ("loss", "spikes"), ("loss", "max_score"), ("loss", "diverging"),
+            ("gradients", "nonfinite"), ("gradients", "explosions"), ("gradients", "max_grad_norm"),
+            ("gradients", "param_norm"))
 
 
 class StabilityChecker:
@@ -23,7 +25,14 @@ class StabilityChecker:
 
     :meth:`update` returns a 0-d bool tensor per step: ``True`` when the loss is non-finite or
     spikes, or the gradient norm is non-finite or explodes. :meth:`check` reads the monitors and
-    says whether the last window was stable, and why not.
+    says whether the last window was stable, and why not. Two numbers in its report measure
+    persistence, which a rollback needs and a single flagged step does not:
+
+    - ``max_streak``, the longest run of consecutive flagged steps in the window;
+    - ``loss["diverging"]``, 1 when the median of the recent losses (those since the last check,
+      at least ``min_history`` of them) lies above every loss of the window accepted at the last
+      stable check (:attr:`reference`; before the first one, above the first ``min_history``
+      losses of the run): the run as a whole has left the range it was in.
 
     Ranks agree. When ``torch.distributed`` is initialised, :meth:`update` agrees the flags of
     every rank in ``process_group`` (default: the whole world) with one MAX all-reduce on the
@@ -63,6 +72,15 @@ class StabilityChecker:
         process_group: Any = None,
     ) -> None:
         self.loss_monitor = loss_monitor or LossStabilityMonitor(check_every=check_every)
+        detector = self.loss_monitor.detector
+        self.min_history = detector.min_history
+        self.recent = torch.full((detector.window_size,), math.nan)
+        self.first = torch.full((detector.min_history,), math.nan)
+        self.streak = torch.zeros((), dtype=torch.long)
+        self.max_streak = torch.zeros((), dtype=torch.long)
+        self.reference = math.nan  # host: the largest accepted loss at the last stable check
+        self.steps = 0
+        self.checked_at = 0
         self.gradient_monitor = gradient_monitor or GradientMonitor(model_or_optimizer, check_every=check_every)
         self.check_every = check_every
         self.process_group = process_group
@@ -81,17 +99,45 @@ class StabilityChecker:
         local = (detector.last_spike | detector.last_nonfinite | nonfinite
                  | self.gradient_monitor.last_explosion)
         self.last_flag, self.nonfinite_grads = any_rank(torch.stack([local, nonfinite]), self.process_group)
-        if self.flagged.device != self.last_flag.device:
-            self.flagged = self.flagged.to(self.last_flag.device)
+        device = self.last_flag.device
+        if self.flagged.device != device:
+            for key in ("flagged", "streak", "max_streak", "recent", "first"):
+                setattr(self, key, getattr(self, key).to(device))
         self.flagged.add_(self.last_flag.long())
+        self.streak = (self.streak + 1) * self.last_flag.long()
+        self.max_streak = torch.maximum(self.max_streak, self.streak)
+        value = _as_finite_or_nan(loss.reshape(())).to(device)
+        self.recent[self.steps % self.recent.numel()] = value
+        if self.steps < self.first.numel():
+            self.first[self.steps] = value
+        self.steps += 1
         return self.last_flag
+
+    def _recent_median(self) -> torch.Tensor:
+        """Median of the losses since the last check (at least ``min_history``; NaN if too few)."""
+        size = self.recent.numel()
+        count = min(max(self.steps - self.checked_at, self.min_history), size, self.steps)
+        if count < min(self.min_history, size):
+            return torch.full((), math.nan, device=self.recent.device)
+        index = torch.arange(self.steps - count, self.steps, device=self.recent.device) % size
+        return nanmedian(self.recent[index])
 
     def check(self) -> dict[str, Any]:
         """Read both monitors (host), reduce over ranks, start a new window; ``is_stable`` and why."""
+        reference = self.reference if math.isfinite(self.reference) else None
+        recent = self._recent_median()
+        initial = torch.fmax(self.first, torch.full_like(self.first, -math.inf)).max()
+        recent_v, initial_v, max_streak = torch.stack(
+            [recent, initial.to(recent.device), self.max_streak.to(recent.device).float()]).tolist()
         loss = self.loss_monitor.check()
         grads = self.gradient_monitor.check()
         flagged = int(self.flagged.item())
         self.flagged.zero_()
+        self.max_streak.zero_()
+        self.checked_at = self.steps
+        limit = reference if reference is not None else initial_v
+        loss["recent_median"], loss["reference"] = recent_v, limit
+        loss["diverging"] = int(math.isfinite(recent_v) and math.isfinite(limit) and recent_v > limit)
         reports = {"loss": loss, "gradients": grads}
         if not math.isfinite(grads["param_norm"]):
             grads["param_norm"] = math.inf  # NaN would lose the MAX reduction
@@ -102,15 +148,19 @@ class StabilityChecker:
         if loss["nonfinite"]:
             reasons.append(f"{loss['nonfinite']} non-finite losses")
         if loss["spikes"]:
-            reasons.append(f"{loss['spikes']} loss spikes (max robust z {loss['max_z']:.1f})")
+            reasons.append(f"{loss['spikes']} loss spikes (max score {loss['max_score']:.1f})")
         if grads["nonfinite"]:
             reasons.append(f"{grads['nonfinite']} non-finite gradient norms")
         if grads["explosions"]:
             reasons.append(f"{grads['explosions']} gradient explosions (max norm {grads['max_grad_norm']:.3g})")
+        if loss["diverging"]:
+            reasons.append(f"diverging (recent median loss {loss['recent_median']:.4g} above every accepted "
+                           f"loss of the reference window, max {loss['reference']:.4g})")
         return {
             "is_stable": not reasons,
             "reasons": reasons,
             "flagged_steps": flagged,
+            "max_streak": int(max_streak),
             "weights_finite": math.isfinite(grads["param_norm"]),
             "loss": loss,
             "gradients": grads,
@@ -120,13 +170,26 @@ class StabilityChecker:
         """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
         return {"loss_monitor": self.loss_monitor.state_dict(),
                 "gradient_monitor": self.gradient_monitor.state_dict(),
-                "flagged": self.flagged.detach().clone()}
+                "reference": self.reference, "steps": self.steps, "checked_at": self.checked_at,
+                **{k: getattr(self, k).detach().clone() for k in self._tensors}}
+
+    _tensors = ("flagged", "streak", "max_streak", "recent", "first")
+
+    def accept(self, report: dict[str, Any]) -> None:
+        """Take the window just checked as the reference of the divergence test (a stable check)."""
+        largest = report["loss"].get("window_max", math.nan)
+        if math.isfinite(largest):
+            self.reference = float(largest)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
-        missing = [k for k in ("loss_monitor", "gradient_monitor", "flagged") if k not in state]
+        missing = [k for k in ("loss_monitor", "gradient_monitor", "reference", "steps", "checked_at",
+                               *self._tensors) if k not in state]
         if missing:
             raise KeyError(f"StabilityChecker state_dict is missing {missing}")
         self.gradient_monitor.load_state_dict(state["gradient_monitor"])
         self.loss_monitor.load_state_dict(state["loss_monitor"])
-        self.flagged = state["flagged"].detach().clone().to(self.flagged.device)
+        self.reference, self.steps, self.checked_at = float(state["reference"]), state["steps"], state["checked_at"]
+        device = self.flagged.device
+        for key in self._tensors:
+            setattr(self, key, state[key].detach().clone().to(device))

@@ -15,9 +15,10 @@ and a :class:`~trainopt.stability.checkpoint.CheckpointManager`. The faults:
 =====================  =====================================================================
 
 The first four are single bad steps: the stabilizer skips them on the device and they never
-reach the weights. The last one needs a rollback: the loss stays high, the steps keep being
-flagged, and at the next ``check_every`` boundary the recovery reloads the last good checkpoint
-and halves the learning rate. Both runs finish; the result says what happened to each fault,
+reach the weights. The last one needs a rollback: the loss stays high, so the window that holds
+it is not saved, and at a ``check_every`` boundary the median of the recent losses lies above
+every loss of the last stable window: the recovery reloads the last good checkpoint and halves
+the learning rate. Both runs finish; the result says what happened to each fault,
 whether any weight or optimizer state became non-finite, and how far the final validation loss
 of the faulty run is from the clean one.
 """
@@ -159,14 +160,14 @@ def run_fault_injection(
 
     Example:
         >>> from trainopt.stability.faults import run_fault_injection
-        >>> result = run_fault_injection({"nan_gradients": 3, "diverged_weights": 12},
-        ...                              steps=20, check_every=5)
+        >>> result = run_fault_injection({"nan_gradients": 3, "diverged_weights": 23},
+        ...                              steps=40, check_every=10)
         >>> for row in result["rows"]:
         ...     print(row["fault"], "|", row["observed"], "|", row["survived"])
         nan_gradients | step skipped | True
-        diverged_weights | rolled back to step 10, learning rate × 0.5 | True
+        diverged_weights | rolled back to step 20, learning rate × 0.5 | True
         >>> result["faulty"]["finite"], len(result["clean"]["loss_curve"])
-        (True, 20)
+        (True, 40)
     """
     faults = dict(DEFAULT_FAULTS if faults is None else faults)
     unknown = sorted(set(faults) - set(EXPECTED))

@@ -13,6 +13,7 @@ from trainopt.stability.statistics import (
     _check_int,
     _check_positive,
     nanmedian,
+    tail_score,
 )
 
 
@@ -44,9 +45,12 @@ class GradientMonitor:
     are measured the same way when :meth:`summary` reads the statistics. The global gradient norm is returned as a tensor
     (the same value :func:`torch.nn.utils.clip_grad_norm_` computes, so a clipper can reuse it).
 
-    A gradient *explosion* is a global norm above ``explosion_factor`` times the median of the
-    last ``window_size`` finite norms. Comparing against the median, rather than testing
-    "max > 10 × min" over the window, does not flag a healthy run whose gradient norm falls.
+    A gradient *explosion* is a global norm that lies more than ``explosion_factor`` times the
+    window's range above the median of the last ``window_size`` accepted norms
+    (:func:`~trainopt.stability.statistics.tail_score`); an exploding norm enters the window as
+    NaN. Judging by the window's own range, rather than by a multiple of its median, leaves alone
+    the ordinary hard batches of a converged run (ten times the median norm and more), and a
+    healthy run whose gradient norm falls is never flagged.
 
     Args:
         model_or_optimizer: A module (one group) or an optimizer (one group per param group).
@@ -76,9 +80,9 @@ class GradientMonitor:
     def __init__(
         self,
         model_or_optimizer: torch.nn.Module | torch.optim.Optimizer,
-        window_size: int = 50,
-        explosion_factor: float = 10.0,
-        min_history: int = 10,
+        window_size: int = 100,
+        explosion_factor: float = 3.0,
+        min_history: int = 20,
         check_every: int = 100,
     ) -> None:
         if isinstance(model_or_optimizer, torch.optim.Optimizer):
@@ -135,12 +139,13 @@ class GradientMonitor:
         self.grad_norm = torch.linalg.vector_norm(self.group_grad_norms)
         value = _as_finite_or_nan(self.grad_norm)
         if self.steps >= self.min_history:
-            median = nanmedian(self.buffer[: min(self.steps, self.window_size)])
-            self.last_explosion = value > self.explosion_factor * median
+            window = self.buffer[: min(self.steps, self.window_size)]
+            self.last_explosion = tail_score(value, window) > self.explosion_factor
         self.window_explosions.add_(self.last_explosion.long())
         self.window_nonfinite.add_(torch.isnan(value).long())
         self.window_max_grad_norm = torch.fmax(self.window_max_grad_norm, value)
-        self.buffer[self.steps % self.window_size] = value
+        self.buffer[self.steps % self.window_size] = torch.where(
+            self.last_explosion, torch.full_like(value, math.nan), value)
         self.steps += 1
         return self.grad_norm
 

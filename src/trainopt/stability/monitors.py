@@ -8,33 +8,41 @@ from typing import Any
 import torch
 
 from trainopt.stability.statistics import (
-    MAD_TO_SIGMA,
     _as_finite_or_nan,
     _check_int,
     _check_positive,
+    nanmax,
     nanmedian,
-    robust_zscore,
+    tail_score,
 )
 
 
 class LossSpikeDetector:
-    """Flag a loss whose robust z-score against the recent window exceeds ``threshold``.
+    """Flag a loss that lies more than ``threshold`` times the window's range above its median.
 
-    The last ``window_size`` losses live in a ring buffer on the loss's device. :meth:`update`
-    scores the new loss against the window *before* adding it and returns the flag as a 0-d
-    bool tensor, so nothing is read on the host. Non-finite losses are stored as NaN (ignored by
-    the statistics) and reported by their own flag, :attr:`last_nonfinite`.
+    The score is :func:`~trainopt.stability.statistics.tail_score`: ``(loss - median) / (max -
+    median)`` over the last ``window_size`` accepted losses, which live in a ring buffer on the
+    loss's device. :meth:`update` scores the new loss against the window *before* adding it and
+    returns the flag as a 0-d bool tensor, so nothing is read on the host. A flagged or
+    non-finite loss enters the window as NaN (ignored by the statistics), so one corrupted batch
+    does not widen the range the next one is judged by; a lasting change of level is flagged on
+    every step, which the stabilizer's ``patience`` turns into a rollback. Non-finite losses have
+    their own flag, :attr:`last_nonfinite`.
+
+    The defaults come from the healthy and faulty corpora of the stability page: at
+    ``threshold=3`` no healthy run skips more than a handful of batches in ten thousand, and
+    batches with every label wrong score far above it.
 
     Example:
         >>> import torch
         >>> from trainopt.stability import LossSpikeDetector
-        >>> detector = LossSpikeDetector(threshold=6.0, window_size=20, min_history=5)
+        >>> detector = LossSpikeDetector(threshold=3.0, window_size=20, min_history=5)
         >>> flags = [detector.update(torch.tensor(2.0 - 0.01 * i)) for i in range(10)]
         >>> bool(torch.stack(flags).any()), bool(detector.update(torch.tensor(9.0)))
         (False, True)
     """
 
-    def __init__(self, threshold: float = 6.0, window_size: int = 50, min_history: int = 10) -> None:
+    def __init__(self, threshold: float = 3.0, window_size: int = 100, min_history: int = 20) -> None:
         _check_positive("threshold", threshold)
         _check_int("window_size", window_size, 2)
         _check_int("min_history", min_history, 2)
@@ -67,13 +75,13 @@ class LossSpikeDetector:
         value = _as_finite_or_nan(loss.reshape(()))
         self.last_nonfinite = torch.isnan(value)
         if self.steps >= self.min_history:
-            self.last_z = robust_zscore(value, self.window)
+            self.last_z = tail_score(value, self.window)
             self.last_spike = self.last_z > self.threshold  # NaN compares False
         else:
             self.last_z = torch.full_like(value, math.nan)
             self.last_spike = torch.zeros_like(self.last_nonfinite)
         self.num_spikes.add_(self.last_spike.long())
-        self.buffer[self.steps % self.window_size] = value
+        self.buffer[self.steps % self.window_size] = torch.where(self.last_spike, torch.full_like(value, math.nan), value)
         self.steps += 1
         return self.last_spike
 
@@ -98,10 +106,10 @@ class LossStabilityMonitor:
 
     :meth:`update` runs every step and only launches device work. :meth:`check` reads every
     statistic at once (one sync) and starts a new check window; call it every ``check_every``
-    steps (:attr:`due` says when). A loss is unstable when it is non-finite or when its robust
-    z-score (see :func:`robust_zscore`) against the last ``window_size`` losses exceeds
-    ``threshold``. The score works for zero and negative losses, where the coefficient of
-    variation ``std / mean`` divides by zero or flips sign.
+    steps (:attr:`due` says when). A loss is unstable when it is non-finite or when it lies more
+    than ``threshold`` times the window's range above the median of the last ``window_size``
+    accepted losses (:class:`LossSpikeDetector`). The score works for zero and negative losses,
+    where the coefficient of variation ``std / mean`` divides by zero or flips sign.
 
     Example:
         >>> import torch
@@ -120,7 +128,7 @@ class LossStabilityMonitor:
     """
 
     def __init__(
-        self, window_size: int = 100, threshold: float = 6.0, check_every: int = 100, min_history: int = 10
+        self, window_size: int = 100, threshold: float = 3.0, check_every: int = 100, min_history: int = 20
     ) -> None:
         _check_int("check_every", check_every, 1)
         self.detector = LossSpikeDetector(threshold, window_size, min_history)
@@ -159,22 +167,22 @@ class LossStabilityMonitor:
         """Read the statistics on the host (one sync) without starting a new window."""
         window = self.detector.window
         median = nanmedian(window) if window.numel() else torch.full((), math.nan)
-        mad = nanmedian((window - median).abs()) if window.numel() else median
+        largest = nanmax(window) if window.numel() else median
         values = torch.stack([
             self.last_loss.float(), median.to(self.last_loss.device).float(),
-            (MAD_TO_SIGMA * mad).to(self.last_loss.device).float(),
+            largest.to(self.last_loss.device).float(),
             self.detector.last_z.to(self.last_loss.device).float(), self.window_max_z.float(),
             self.window_spikes.float(), self.window_nonfinite.float(),
             self.detector.num_spikes.to(self.last_loss.device).float(),
         ]).tolist()
-        last, median_v, sigma, last_z, max_z, spikes, nonfinite, total = values
+        last, median_v, largest_v, last_z, max_z, spikes, nonfinite, total = values
         if self.steps < self.detector.min_history and not nonfinite:
             status = "insufficient_data"
         else:
             status = "unstable" if spikes or nonfinite else "stable"
         return {
-            "steps": self.steps, "last_loss": last, "median": median_v, "robust_std": sigma,
-            "last_z": last_z, "max_z": max_z if max_z > -math.inf else math.nan,
+            "steps": self.steps, "last_loss": last, "median": median_v, "window_max": largest_v,
+            "last_score": last_z, "max_score": max_z if max_z > -math.inf else math.nan,
             "spikes": int(spikes), "nonfinite": int(nonfinite), "total_spikes": int(total),
             "status": status,
         }

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from trainopt.stability.rates import check_scalable, lr_scale, scale_learning_rate
-from trainopt.stability.statistics import MAD_TO_SIGMA
 
 __all__ = ["TrainingInstabilityError", "TrainingRecovery", "scale_learning_rate"]
 
@@ -43,14 +42,13 @@ class TrainingInstabilityError(RuntimeError):
     """
 
 
-def _robust_z(value: float, window: Sequence[float], rel_floor: float = 1e-2) -> float:
+def _tail_score(value: float, window: Sequence[float], rel_floor: float = 1e-2) -> float:
+    """:func:`~trainopt.stability.statistics.tail_score` on host values."""
     finite = [x for x in window if math.isfinite(x)]
     if not finite:
         return math.nan
     median = statistics.median(finite)
-    mad = statistics.median(abs(x - median) for x in finite)
-    scale = max(MAD_TO_SIGMA * mad, rel_floor * abs(median), 1e-8)
-    return (value - median) / scale
+    return (value - median) / max(max(finite) - median, rel_floor * abs(median), 1e-8)
 
 
 class TrainingRecovery:
@@ -68,9 +66,11 @@ class TrainingRecovery:
         skip_batches: Batches to skip after a rollback. PaLM restarted about 100 steps before a
             spike and skipped 200 to 500 batches (Chowdhery et al. 2022, arXiv:2204.02311).
         max_recovery_attempts: Rollbacks allowed before :class:`TrainingInstabilityError`.
-        spike_threshold: Robust z-score above which a loss is a spike.
-        explosion_factor: Ratio to the median gradient norm that counts as an explosion.
+        spike_threshold: Score above which a loss is a spike: how many times the window's range
+            (its largest value minus its median) the loss lies above the median.
+        explosion_factor: The same score for a gradient norm.
         min_history: Values needed before the spike and explosion tests apply.
+        patience: Consecutive flagged steps that call for a rollback (:meth:`check`).
 
     Example:
         >>> import torch
@@ -80,7 +80,7 @@ class TrainingRecovery:
         >>> recovery.detect_instability(losses) is None
         True
         >>> recovery.detect_instability(losses + [25.0])
-        'loss spike (robust z=...)'
+        'loss spike (score ...)'
         >>> recovery.detect_instability(losses + [float("nan")])
         'non-finite loss'
     """
@@ -95,15 +95,16 @@ class TrainingRecovery:
         lr_factor: float = 0.5,
         skip_batches: int = 0,
         max_recovery_attempts: int = 3,
-        spike_threshold: float = 6.0,
-        explosion_factor: float = 10.0,
-        min_history: int = 10,
+        spike_threshold: float = 3.0,
+        explosion_factor: float = 3.0,
+        min_history: int = 20,
+        patience: int = 10,
     ) -> None:
         if not isinstance(lr_factor, (int, float)) or not 0 < lr_factor <= 1:
             raise ValueError(f"lr_factor must be in (0, 1], got {lr_factor=}")
         for name, value, low in (("skip_batches", skip_batches, 0),
                                  ("max_recovery_attempts", max_recovery_attempts, 1),
-                                 ("min_history", min_history, 2)):
+                                 ("min_history", min_history, 2), ("patience", patience, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {name}={value!r}")
         for name, value in (("spike_threshold", spike_threshold), ("explosion_factor", explosion_factor)):
@@ -120,6 +121,7 @@ class TrainingRecovery:
         self.spike_threshold = float(spike_threshold)
         self.explosion_factor = float(explosion_factor)
         self.min_history = min_history
+        self.patience = patience
         check_scalable(scheduler)  # refuse a scheduler that would undo the cut now, not at a rollback
         self.recovery_attempts = 0
         self.lr_scale = lr_scale(optimizer) if optimizer is not None else 1.0
@@ -133,9 +135,9 @@ class TrainingRecovery:
     ) -> str | None:
         """Why the newest values look unstable, or ``None``.
 
-        The newest loss is tested against the ones before it: non-finite, or a robust z-score
-        above ``spike_threshold``. The newest gradient norm is tested against the median of
-        the ones before it (``explosion_factor`` times). A falling loss or gradient norm is
+        The newest loss is tested against the ones before it: non-finite, or more than
+        ``spike_threshold`` times their range above their median. The newest gradient norm is
+        tested the same way against ``explosion_factor``. A falling loss or gradient norm is
         never unstable (a "max > 10 × min" rule over the window flags those).
         """
         if losses:
@@ -144,33 +146,39 @@ class TrainingRecovery:
                 return "non-finite loss"
             previous = [float(x) for x in losses[:-1]]
             if len(previous) >= self.min_history:
-                z = _robust_z(last, previous)
-                if z > self.spike_threshold:
-                    return f"loss spike (robust z={z:.1f})"
+                score = _tail_score(last, previous)
+                if score > self.spike_threshold:
+                    return f"loss spike (score {score:.1f})"
         if grad_norms:
             last = float(grad_norms[-1])
             if not math.isfinite(last):
                 return "non-finite gradient norm"
             previous = [float(x) for x in grad_norms[:-1] if math.isfinite(x)]
             if len(previous) >= self.min_history:
-                median = statistics.median(previous)
-                if last > self.explosion_factor * median:
-                    return f"gradient explosion ({last / median:.0f}x the median norm)"
+                score = _tail_score(last, previous)
+                if score > self.explosion_factor:
+                    return f"gradient explosion (score {score:.1f}, norm {last:.3g})"
         return None
 
-    def check(self, report: Mapping[str, Any], max_flagged_steps: int = 3) -> str | None:
+    def check(self, report: Mapping[str, Any]) -> str | None:
         """Whether a :class:`~trainopt.stability.stabilizer.StabilityChecker` report calls for a rollback.
 
-        Isolated bad steps were already skipped on the device and never reached the weights, so
-        they need no rollback. A rollback is due when the weights themselves are non-finite, or
-        when ``max_flagged_steps`` or more steps of the last check window were flagged
-        (non-finite, spiking or exploding): the run has drifted, not hit one bad batch.
+        Bad steps were already skipped on the device and never reached the weights, so a bad
+        batch, or a few, needs no rollback. A rollback needs persistence. It is due when:
+
+        - the weights themselves are non-finite;
+        - the run diverges: the median of the recent losses lies above every loss the last
+          stable window accepted (``report["loss"]["diverging"]``);
+        - ``patience`` or more consecutive steps were flagged (``report["max_streak"]``): the
+          loss or the gradients left their range and stayed out.
         """
         if not report.get("weights_finite", True):
             return "non-finite weights"
-        flagged = int(report.get("flagged_steps", 0))
-        if flagged >= max_flagged_steps:
-            return f"{flagged} unstable steps in the last window ({', '.join(report.get('reasons', []))})"
+        if report.get("loss", {}).get("diverging"):
+            return next((r for r in report.get("reasons", []) if r.startswith("diverging")), "diverging")
+        streak = int(report.get("max_streak", 0))
+        if streak >= self.patience:
+            return f"{streak} consecutive unstable steps ({', '.join(report.get('reasons', []))})"
         return None
 
     # -- recovery ------------------------------------------------------------------------------

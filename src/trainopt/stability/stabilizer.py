@@ -1,43 +1,37 @@
 """A stabilized training step that costs no host-device synchronisation in the steady state.
 
-:class:`TrainingStabilizer` composes, in this order, what a stable mixed-precision step needs:
+:class:`TrainingStabilizer` is the whole recipe in one object. Per call of
+:meth:`~TrainingStabilizer.step` (per micro-batch with ``accumulate=N``):
 
-1. ``torch.amp.autocast(device_type, dtype)`` around the forward pass;
-2. a loss scaler (:class:`~trainopt.stability.scaling.DynamicLossScaler`) for ``float16`` only, and its
-   ``unscale_`` before anything looks at the gradients (``bfloat16`` needs no scaling);
-3. the monitors of a :class:`~trainopt.stability.checker.StabilityChecker`: loss spikes, gradient
-   norms, explosions, with the flag agreed over the ranks when ``torch.distributed`` is initialised;
-4. gradient clipping with the norm the monitor already measured;
-5. the optimizer step, *skipped on the device* when a gradient is non-finite (and, by default,
-   when the loss spikes or the gradient norm explodes): fused optimizers get the flag as their
-   ``found_inf`` (:func:`~trainopt.stability.skip.fused_step`), others step through
-   :func:`~trainopt.stability.skip.masked_step`. A skipped step leaves the weights and the
-   optimizer state exactly as if it had never run, first step included, for every optimizer
-   that :func:`~trainopt.stability.optimizers.check_skippable` accepts (it refuses the others
-   when the stabilizer is built);
-6. every ``check_every`` steps, one boundary where the host reads the statistics: it reconciles
-   the learning-rate schedule with the steps actually applied, saves a checkpoint while the run
-   is stable, and lets :class:`~trainopt.stability.recovery.TrainingRecovery` roll back when it is not.
+1. ``torch.amp.autocast(device_type, dtype)`` around the forward pass, and a loss scaler
+   (:class:`~trainopt.stability.scaling.DynamicLossScaler`) for ``float16`` only;
+2. the monitors of a :class:`~trainopt.stability.checker.StabilityChecker`: a non-finite loss or
+   gradient, a loss or gradient norm far outside the range of the recent window, agreed over the
+   ranks when ``torch.distributed`` is initialised;
+3. gradient clipping with the norm the monitor already measured;
+4. the optimizer step, *skipped on the device* when flagged: fused optimizers get the flag as
+   their ``found_inf`` (:func:`~trainopt.stability.skip.fused_step`), others step through
+   :func:`~trainopt.stability.skip.masked_step`. A skipped step leaves the weights, the optimizer
+   state, the schedule position (:class:`~trainopt.stability.schedule_window.ScheduleWindow`)
+   and any averaged model (``averaged=``) exactly as if the batch had never been drawn;
+5. every ``check_every`` steps, one boundary where the host reads the statistics: it steps the
+   schedulers once per applied step, rolls back to the last checkpoint with a learning-rate cut
+   when the run diverges or stays out of range for ``patience`` steps, and saves a checkpoint
+   every ``save_every`` steps at boundaries whose window flagged nothing.
 
-Where the host syncs. Nowhere between boundaries, on CPU and on CUDA, for the optimizers the
-stabilizer accepts: fused ones; SGD; and on CUDA the ``capturable=True`` variants of the others
-(their default ``capturable=False`` keeps step counters on the CPU, and is refused there). A
-scaler's ``skip_mode`` does not matter here: the stabilizer steps the optimizer itself.
+Where the host syncs: nowhere between boundaries, on CPU and on CUDA, for the optimizers the
+stabilizer accepts (fused ones, SGD, and on CUDA the ``capturable=True`` variants of the others),
+with two exceptions it documents rather than refuses: a scheduler that cycles SGD's momentum
+(``OneCycleLR``, ``CyclicLR``) hands SGD a tensor momentum, which its ``momentum != 0`` test reads;
+and ``DynamicLossScaler`` only matters through its ``state``: the stabilizer steps the optimizer
+itself, so the scaler's ``skip_mode`` never runs.
 
-Skipped steps and the schedule. A skipped step must not advance the schedule, but knowing that
-a step was skipped needs the host. The stabilizer steps the scheduler every step and, at each
-boundary, rewinds it by the number of steps skipped in the window: for a ``LambdaLR`` (every
-:mod:`trainopt.schedules` schedule is one) it sets ``last_epoch`` back and recomputes the rates
-in closed form; any other scheduler holds still for that many steps instead. So at every boundary
-the schedule position equals the number of applied optimizer steps, and in between it runs
-ahead by at most the steps skipped since the last boundary.
-
-Checkpoints and restarts. A boundary checkpoint holds the model, the optimizer, the scheduler,
-the scaler, the recovery's state (its learning-rate scale included) and, for every rank, the
-stabilizer's counters, its checker windows, the clipper's statistics, the random number
-generators and the position in the data (``data=``, e.g. a
-:class:`~trainopt.stability.data.ResumableSampler`). :meth:`TrainingStabilizer.resume` loads the
-newest valid one, so a killed run continues as the run it replaced. Rank 0 writes; every rank
+Checkpoints and restarts: a boundary checkpoint holds the model, the optimizers, the schedulers,
+the scaler, averaged models, the recovery's state (its learning-rate scale included) and, for
+every rank, the stabilizer's counters, its checker windows, the clipper's statistics, the random
+number generators and the position in the data (``data=``, e.g. a
+:class:`~trainopt.stability.data.ResumableDataLoader`). :meth:`TrainingStabilizer.resume` loads
+the newest valid one, so a killed run continues as the run it replaced. Rank 0 writes; every rank
 loads the file rank 0 picked.
 """
 
@@ -45,117 +39,94 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from trainopt.stability.averaging import masked_update_parameters
 from trainopt.stability.checker import StabilityChecker
+from trainopt.stability.checkpoint import CheckpointManager
 from trainopt.stability.clipping import clip_grads_with_norm_
-from trainopt.stability.distributed import (
-    all_gather,
-    barrier,
-    broadcast_from_rank0,
-    is_main_process,
-    rank_and_world,
-)
-from trainopt.stability.optimizers import check_skippable, skips_in_kernel
-from trainopt.stability.rng import get_rng_state, set_rng_state
+from trainopt.stability.distributed import all_gather, barrier, broadcast_from_rank0, is_main_process
+from trainopt.stability.gradients import GradientMonitor
+from trainopt.stability.monitors import LossStabilityMonitor
+from trainopt.stability.optimizers import check_no_step_hooks, skips_in_kernel
+from trainopt.stability.rates import lr_scale, scale_learning_rate
+from trainopt.stability.recovery import TrainingRecovery
 from trainopt.stability.scaling import DynamicLossScaler
+from trainopt.stability.schedule_window import ScheduleWindow
 from trainopt.stability.skip import fused_step, masked_step
+from trainopt.stability.settings import DTYPES, check_settings
+from trainopt.stability.stabilizer_state import Gathered, RankEntries
 
 __all__ = ["StabilityChecker", "TrainingStabilizer"]
 
-_DTYPES = {None: None, "fp32": None, "float32": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-           "fp16": torch.float16, "float16": torch.float16}
-
-_TRAJECTORY = ("steps", "total_skipped", "scheduler_debt", "skipped", "checker")
+_TRAJECTORY = ("steps", "total_skipped", "skipped", "checker", "last_save")
 
 
-class _RankEntries:
-    """The per-rank part of a checkpoint: each rank's stabilizer state, generators and data position.
-
-    ``state_dict`` gives this rank's entry in its slot; ``load_state_dict`` takes this rank's
-    entry: everything on a resume, only the stabilizer's trajectory on a rollback (the run moves
-    on in the data and the random numbers, and keeps counting skipped steps).
-    """
-
-    def __init__(self, stabilizer: TrainingStabilizer, resume: bool) -> None:
-        self.stabilizer, self.resume = stabilizer, resume
-
-    def local(self) -> dict[str, Any]:
-        data = self.stabilizer.data
-        return {"stabilizer": self.stabilizer.state_dict(), "rng": get_rng_state(),
-                "data": None if data is None else data.state_dict()}
-
-    def state_dict(self) -> dict[str, Any]:
-        rank, world = rank_and_world(self.stabilizer.process_group)
-        return {"ranks": [self.local() if r == rank else None for r in range(world)]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        rank, world = rank_and_world(self.stabilizer.process_group)
-        if len(state["ranks"]) != world:
-            raise ValueError(f"the checkpoint holds {len(state['ranks'])} ranks, this run has {world}")
-        entry = state["ranks"][rank]
-        if not self.resume:
-            self.stabilizer._load_trajectory(entry["stabilizer"])
-            return
-        if (entry["data"] is None) != (self.stabilizer.data is None):
-            raise ValueError("the checkpoint and this run disagree on whether there is a data position (data=)")
-        self.stabilizer.load_state_dict(entry["stabilizer"])
-        if self.stabilizer.data is not None:
-            self.stabilizer.data.load_state_dict(entry["data"])
-        set_rng_state(entry["rng"])
-
-
-class _Gathered:
-    def __init__(self, state: dict[str, Any]) -> None:
-        self.state = state
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.state
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 class TrainingStabilizer:
-    """One call per training step: autocast, scaling, monitoring, clipping, a guarded update.
+    """One call per training step: autocast, scaling, monitoring, clipping, a guarded update, recovery.
 
     Args:
         model: The model being trained (its parameters pick the device type of autocast).
         optimizer: An optimizer that :func:`~trainopt.stability.optimizers.check_skippable`
-            accepts; others raise :class:`~trainopt.stability.optimizers.UnsupportedOptimizerError`
-            here, naming what to use instead. Fused ones skip inside their kernel; the others go
-            through :func:`~trainopt.stability.skip.masked_step` (a copy of parameters and state
-            per step).
-        scheduler: A learning-rate scheduler to step once per call (see the module notes on
-            skipped steps), or ``None``. ``ReduceLROnPlateau`` needs a metric: step it yourself.
+            accepts, or a list of them (one update per step for each). Optimizers with step hooks
+            are refused (:func:`~trainopt.stability.optimizers.check_no_step_hooks`): use
+            ``averaged=`` for an EMA.
+        scheduler: A learning-rate scheduler stepped once per applied step, a list (one per
+            optimizer, ``None`` where there is none), or ``None``. ``ReduceLROnPlateau`` needs a
+            metric: step it yourself at the boundaries.
+        checkpoint_dir: Where boundary checkpoints go. With it, the stabilizer saves one before
+            the first step and then every ``save_every`` steps while the run is stable, rolls back
+            when it is not, and :meth:`resume` continues a killed run. Without it, bad steps are
+            still skipped, but nothing is saved or rolled back.
+        save_every: Steps between checkpoints (default: ``check_every``); a checkpoint is written
+            at the first stable boundary at least this many steps after the last one.
+        keep_last: Step checkpoints kept on disk.
+        lr_factor: Learning-rate multiplier of each rollback (cumulative; the schedule keeps it).
+        max_rollbacks: Rollbacks before :class:`~trainopt.stability.recovery.TrainingInstabilityError`.
+        patience: Consecutive flagged steps that call for a rollback.
+        skip_batches: Batches to skip after a rollback.
         dtype: Autocast dtype: ``torch.bfloat16``, ``torch.float16`` (adds a loss scaler) or
             ``None`` for full precision. The strings ``"bf16"``, ``"fp16"``, ``"fp32"`` work too.
-        scaler: A loss scaler with the ``torch.amp.GradScaler`` interface; for ``float16`` only,
-            defaults to :class:`~trainopt.stability.scaling.DynamicLossScaler`.
+        scaler: A loss scaler with the ``torch.amp.GradScaler`` interface; for ``float16`` only.
         max_grad_norm: Global-norm clipping threshold, or ``None`` for no clipping.
         clipper: A clipper with ``clip(params, total_norm=...)`` (e.g.
             :class:`~trainopt.stability.clipping.ZScoreClipper`), used instead of ``max_grad_norm``.
         check_every: Steps between host reads (the boundaries).
-        skip_unstable: Also skip steps whose loss spikes or whose gradient norm explodes (steps
-            with non-finite gradients are always skipped).
-        recovery: A :class:`~trainopt.stability.recovery.TrainingRecovery` for rollbacks; its checkpoint
-            manager receives a checkpoint at every stable boundary where its ``should_save(step)``
-            is true (make ``save_frequency`` a multiple of ``check_every``).
-        checker: A :class:`~trainopt.stability.checker.StabilityChecker`; one is built on
-            ``optimizer`` by default.
+        accumulate: Micro-batches per optimizer step: each :meth:`step` call runs one forward and
+            backward pass on ``loss / accumulate``; every ``accumulate``-th call updates.
+        skip_unstable: Also skip steps whose loss or gradient norm leaves the window's range
+            (non-finite ones are always skipped).
+        spike_factor: How far outside the window's range a loss or gradient norm must lie to be
+            flagged, in units of the range (:func:`~trainopt.stability.statistics.tail_score`).
+        window_size: Accepted steps the range is measured over.
+        min_history: Steps before the range tests apply.
+        averaged: A ``torch.optim.swa_utils.AveragedModel`` (or a list) to update after each
+            applied step, left unchanged by skipped ones.
         data: The position in the data (``state_dict()``/``load_state_dict()``, e.g. a
-            :class:`~trainopt.stability.data.ResumableSampler`), saved with every checkpoint.
+            :class:`~trainopt.stability.data.ResumableDataLoader`), saved with every checkpoint.
         process_group: The ranks that agree on every decision; ``None`` is the default group
             when ``torch.distributed`` is initialised (nothing to agree on otherwise).
+        recovery: A :class:`~trainopt.stability.recovery.TrainingRecovery` built by hand, instead
+            of ``checkpoint_dir`` (it must hold this model, optimizer and scheduler).
+        checker: A :class:`~trainopt.stability.checker.StabilityChecker` built by hand.
 
     Example:
+        >>> import tempfile
         >>> import torch
         >>> from trainopt.stability import TrainingStabilizer
         >>> torch.manual_seed(0)
         <torch._C.Generator object at ...>
         >>> model = torch.nn.Linear(4, 1)
         >>> opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
-        >>> stabilizer = TrainingStabilizer(model, opt, max_grad_norm=1.0, check_every=10)
+        >>> stabilizer = TrainingStabilizer(model, opt, checkpoint_dir=tempfile.mkdtemp(), check_every=10)
         >>> x, y = torch.randn(64, 4), torch.randn(64, 1)
         >>> loss = stabilizer.step(lambda: (model(x) - y).pow(2).mean())
         >>> before = model.weight.detach().clone()
@@ -164,63 +135,76 @@ class TrainingStabilizer:
         True
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the recipe's settings, each with a default
         self,
         model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
         scheduler: Any = None,
         *,
+        checkpoint_dir: str | Path | None = None,
+        save_every: int | None = None,
+        keep_last: int | None = 3,
+        lr_factor: float = 0.5,
+        max_rollbacks: int = 3,
+        patience: int = 10,
+        skip_batches: int = 0,
         dtype: torch.dtype | str | None = None,
         scaler: Any = None,
         max_grad_norm: float | None = 1.0,
         clipper: Any = None,
         check_every: int = 100,
+        accumulate: int = 1,
         skip_unstable: bool = True,
-        recovery: Any = None,
-        checker: StabilityChecker | None = None,
+        spike_factor: float = 3.0,
+        window_size: int = 100,
+        min_history: int = 20,
+        averaged: Any = None,
         data: Any = None,
         process_group: Any = None,
+        recovery: Any = None,
+        checker: StabilityChecker | None = None,
     ) -> None:
-        if isinstance(dtype, str) or dtype is None:
-            if dtype not in _DTYPES:
-                raise ValueError(f"dtype must be one of {sorted(k for k in _DTYPES if k)} or a torch dtype, got {dtype=}")
-            dtype = _DTYPES[dtype]
-        if dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"dtype must be torch.bfloat16, torch.float16, torch.float32 or None, got {dtype=}")
-        if dtype is torch.float32:
-            dtype = None
-        if scaler is not None and dtype is not torch.float16:
-            raise ValueError(f"a loss scaler is only needed with dtype=torch.float16, got {dtype=}")
-        if not isinstance(check_every, int) or isinstance(check_every, bool) or check_every < 1:
-            raise ValueError(f"check_every must be a positive int, got {check_every=}")
-        if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
-            raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm=}")
-        if scheduler is not None and (isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-                                      or not callable(getattr(scheduler, "step", None))):
-            raise ValueError(f"scheduler must be stepped once per step with no argument; a "
-                             f"{type(scheduler).__name__} is not: step it yourself and pass it to the recovery only")
-        check_skippable(optimizer)
+        self.optimizers = _as_list(optimizer)
+        self.schedulers = _as_list(scheduler) if scheduler is not None else [None] * len(self.optimizers)
+        check_settings(model, self.optimizers, self.schedulers, dtype=dtype, scaler=scaler, check_every=check_every,
+                       accumulate=accumulate, max_grad_norm=max_grad_norm, checkpoint_dir=checkpoint_dir,
+                       save_every=save_every, recovery=recovery)
+        dtype = DTYPES[dtype] if isinstance(dtype, str) or dtype is None else dtype
         self.model = model
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.dtype = dtype
+        self.optimizer, self.scheduler = self.optimizers[0], self.schedulers[0]
+        self.dtype = None if dtype is torch.float32 else dtype
         self.scaler = scaler if scaler is not None else (DynamicLossScaler() if dtype is torch.float16 else None)
-        self.max_grad_norm = max_grad_norm
-        self.clipper = clipper
-        self.check_every = check_every
-        self.skip_unstable = skip_unstable
+        self.max_grad_norm, self.clipper = max_grad_norm, clipper
+        self.check_every, self.accumulate, self.skip_unstable = check_every, accumulate, skip_unstable
+        self.averaged = [] if averaged is None else _as_list(averaged)
+        self.data, self.process_group = data, process_group
+        if recovery is None and checkpoint_dir is not None:
+            manager = CheckpointManager(checkpoint_dir, save_frequency=save_every or check_every, keep_last=keep_last)
+            recovery = TrainingRecovery(model, self.optimizer, manager, scheduler=self.scheduler, scaler=self.scaler,
+                                        lr_factor=lr_factor, skip_batches=skip_batches,
+                                        max_recovery_attempts=max_rollbacks, patience=patience)
+        elif recovery is not None and recovery.scaler is None:
+            recovery.scaler = self.scaler
         self.recovery = recovery
-        self.data = data
-        self.process_group = process_group
-        self.checker = checker or StabilityChecker(optimizer, check_every=check_every, process_group=process_group)
-        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.save_every = getattr(getattr(recovery, "checkpoint_manager", None), "save_frequency", None)
+        if checker is None:
+            monitored = self.optimizer if len(self.optimizers) == 1 else model
+            checker = StabilityChecker(
+                monitored, LossStabilityMonitor(window_size, spike_factor, check_every, min_history),
+                GradientMonitor(monitored, window_size, spike_factor, min_history, check_every),
+                check_every=check_every, process_group=process_group)
+        self.checker = checker
+        self.params = [p for opt in self.optimizers for group in opt.param_groups for p in group["params"]]
         self.device = self.params[0].device
-        self.fused = skips_in_kernel(optimizer)
+        self.fused = [skips_in_kernel(opt) for opt in self.optimizers]
+        self.window = ScheduleWindow(list(zip(self.optimizers, self.schedulers)), check_every)
+        self.window.check()
         self.steps = 0
+        self.micro = 0
+        self.last_save: int | None = None
         self.skipped = torch.zeros((), dtype=torch.long, device=self.device)
         self.total_skipped = 0  # skipped steps on the current trajectory (rewound on rollback)
         self.skip_events = 0  # every step ever skipped, rolled back or not
-        self.scheduler_debt = 0
         self.last_report: dict[str, Any] | None = None
         self.reports: list[dict[str, Any]] = []
 
@@ -231,23 +215,40 @@ class TrainingStabilizer:
         return torch.amp.autocast(self.device.type, dtype=self.dtype)
 
     def step(self, compute_loss: Callable[[], torch.Tensor]) -> torch.Tensor | None:
-        """Run one guarded training step; return the loss (a detached tensor, not read).
+        """Run one micro-batch of a guarded training step; return its loss (detached, not read).
 
-        ``compute_loss`` runs the forward pass and returns the scalar loss; it runs under
-        autocast. Returns ``None`` without computing anything when the recovery asks to skip
-        this batch (after a rollback).
+        ``compute_loss`` runs the forward pass under autocast and returns the scalar loss. The
+        optimizers update on every ``accumulate``-th call. Returns ``None`` without computing
+        anything when the recovery asks to skip this batch (after a rollback).
         """
-        if self.recovery is not None and self.recovery.should_skip_batch():
-            return None
-        self.optimizer.zero_grad(set_to_none=True)
-        with self.autocast():
-            loss = compute_loss()
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.unscale_(self.optimizer)
-        else:
-            loss.backward()
+        if self.micro == 0:
+            if self.recovery is not None and self.recovery.should_skip_batch():
+                return None
+            for opt in self.optimizers:
+                check_no_step_hooks(opt)
+                opt.zero_grad(set_to_none=True)
+            if self.steps == 0 and self.last_save is None:
+                self._save(math.inf)  # the first rollback target: a run that diverges at once
+        self.micro += 1
+        last = self.micro == self.accumulate
+        no_sync = getattr(self.model, "no_sync", None)
+        with contextlib.nullcontext() if last or no_sync is None else no_sync():
+            with self.autocast():
+                loss = compute_loss()
+            scaled = loss / self.accumulate if self.accumulate > 1 else loss
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         loss = loss.detach()
+        self._loss_sum = loss.float() if self.micro == 1 else self._loss_sum + loss.float()
+        if last:
+            self.micro = 0
+            self._update(self._loss_sum / self.accumulate if self.accumulate > 1 else loss)
+        return loss
+
+    def _update(self, loss: torch.Tensor) -> None:
+        """The guarded update of one step: monitors, clipping, skip, schedule and averages."""
+        if self.scaler is not None:
+            for opt in self.optimizers:
+                self.scaler.unscale_(opt)
         flag = self.checker.update(loss)
         skip = flag if self.skip_unstable else self.checker.nonfinite_grads
         norm = self.checker.last_grad_norm
@@ -256,100 +257,106 @@ class TrainingStabilizer:
         elif self.max_grad_norm is not None:
             clip_grads_with_norm_(self.params, self.max_grad_norm, norm)
         found_inf = skip.to(torch.float32)
-        if self.fused:
-            fused_step(self.optimizer, found_inf)
-        else:
-            masked_step(self.optimizer, found_inf)
+        with self.window.applied():
+            for opt, fused in zip(self.optimizers, self.fused):
+                (fused_step if fused else masked_step)(opt, found_inf)
+        self.window.count(skip)
+        for average in self.averaged:
+            masked_update_parameters(average, self.model, skip)
         self.skipped.add_(skip.long())
         if self.scaler is not None:
             self.scaler.update()
-        if self.scheduler is not None:
-            if self.scheduler_debt:
-                self.scheduler_debt -= 1
-            else:
-                self.scheduler.step()
         self.steps += 1
         if self.steps % self.check_every == 0:
             self.check()
-        return loss
 
     def check(self) -> dict[str, Any]:
-        """The boundary: read the statistics, fix the schedule, checkpoint or recover."""
+        """The boundary: read the statistics, step the schedules, then roll back or checkpoint."""
         report = self.checker.check()
         skipped = int(self.skipped.item())
         self.skipped.zero_()
         self.total_skipped += skipped
         self.skip_events += skipped
+        self.window.close(self.check_every - skipped)
         report.update(step=self.steps, skipped_steps=skipped, recovered=None)
-        self._reconcile_schedule(skipped)
         reason = self.recovery.check(report) if self.recovery is not None else None
         if reason is not None:
-            path = broadcast_from_rank0(self.recovery.checkpoint_manager.latest_path()
-                                        if self.recovery.checkpoint_manager is not None else None,
-                                        self.process_group)
-            self.recovery.recover(reason, path=path, extra={"stabilizer": _RankEntries(self, resume=False)})
+            self._roll_back(reason)
             report["recovered"] = reason
-        elif report["is_stable"] and self._checkpoint_due():
-            self._save(report["loss"]["median"])
+        elif report["is_stable"]:  # nothing flagged: a window to compare with, a state to return to
+            self.checker.accept(report)
+            if self._checkpoint_due():
+                self._save(report["loss"]["median"])
         self.last_report = report
         self.reports.append(report)
         return report
 
+    def _extra(self, resume: bool) -> dict[str, Any]:
+        extra = {"stabilizer": RankEntries(self, resume=resume)}
+        for i, (opt, sched) in enumerate(zip(self.optimizers[1:], self.schedulers[1:]), start=1):
+            extra[f"optimizer_{i}"] = opt
+            if sched is not None:
+                extra[f"scheduler_{i}"] = sched
+        extra.update({f"averaged_{i}": average for i, average in enumerate(self.averaged)})
+        return extra
+
+    def _roll_back(self, reason: str) -> None:
+        manager = self.recovery.checkpoint_manager
+        path = broadcast_from_rank0(manager.latest_path() if manager is not None else None, self.process_group)
+        self.recovery.recover(reason, path=path, extra=self._extra(resume=False))
+        for opt, sched in zip(self.optimizers[1:], self.schedulers[1:]):  # the main one is cut by the recovery
+            saved = lr_scale(opt)
+            if saved != self.recovery.lr_scale:
+                scale_learning_rate(opt, self.recovery.lr_scale / saved, sched)
+        self.window.reopen()
+
     def _save(self, loss: float) -> None:
-        ranks = {"ranks": all_gather(_RankEntries(self, resume=True).local(), self.process_group)}
+        manager = getattr(self.recovery, "checkpoint_manager", None)
+        if manager is None:
+            return
+        self.last_save = self.steps
+        ranks = {"ranks": all_gather(RankEntries(self, resume=True).local(), self.process_group)}
         if is_main_process(self.process_group):
-            self.recovery.checkpoint_manager.save_checkpoint(
-                self.model, self.optimizer, self.steps, loss if math.isfinite(loss) else math.inf,
-                scheduler=self.scheduler, scaler=self.scaler,
-                extra={"stabilizer": _Gathered(ranks), "recovery": self.recovery},
-            )
+            extra = {**self._extra(resume=True), "stabilizer": Gathered(ranks), "recovery": self.recovery}
+            manager.save_checkpoint(self.model, self.optimizer, self.steps, loss if math.isfinite(loss) else math.inf,
+                                    scheduler=self.scheduler, scaler=self.scaler, extra=extra)
         barrier(self.process_group)  # no rank reads the directory before the file is complete
 
     def resume(self) -> int | None:
         """Load the newest valid boundary checkpoint into everything; return its step (``None``: none).
 
-        Model, optimizer, scheduler, scaler, the recovery's state, and this rank's stabilizer
-        state, random number generators and data position: the run continues exactly where the
-        checkpoint was taken. Every rank loads the file rank 0 picked.
+        Model, optimizers, schedulers, scaler, averaged models, the recovery's state, and this
+        rank's stabilizer state, random number generators and data position: the run continues
+        exactly where the checkpoint was taken. Every rank loads the file rank 0 picked.
         """
         manager = getattr(self.recovery, "checkpoint_manager", None)
         if manager is None:
-            raise ValueError("resume() needs a recovery with a checkpoint_manager")
+            raise ValueError("resume() needs checkpoint_dir= (or a recovery with a checkpoint_manager)")
         path = broadcast_from_rank0(manager.latest_path(), self.process_group)
         if path is None:
             return None
         step, _ = manager.load_checkpoint(
             self.model, self.optimizer, path, scheduler=self.scheduler, scaler=self.scaler,
-            extra={"recovery": self.recovery, "stabilizer": _RankEntries(self, resume=True)}, restore_rng=False,
+            extra={**self._extra(resume=True), "recovery": self.recovery}, restore_rng=False,
         )
+        self.window.reopen()
         return step
 
     def _checkpoint_due(self) -> bool:
-        manager = getattr(self.recovery, "checkpoint_manager", None)
-        if manager is None:
+        if self.save_every is None:
             return False
-        should_save = getattr(manager, "should_save", None)
-        return should_save is None or bool(should_save(self.steps))
-
-    def _reconcile_schedule(self, skipped: int) -> None:
-        if self.scheduler is None or skipped == 0:
-            return
-        if isinstance(self.scheduler, torch.optim.lr_scheduler.LambdaLR):
-            self.scheduler.last_epoch -= skipped + 1
-            self.scheduler.step()  # LambdaLR recomputes lr = base_lr * lambda(last_epoch)
-        else:
-            self.scheduler_debt += skipped
+        return self.last_save is None or self.steps - self.last_save >= self.save_every
 
     @property
     def applied_steps(self) -> int:
-        """Optimizer steps applied so far (exact at boundaries; reads the device)."""
+        """Optimizer steps applied so far (reads the device)."""
         return self.steps - self.total_skipped - int(self.skipped.item())
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, checker windows and clipper statistics (loads with ``weights_only=True``)."""
         state = {"steps": self.steps, "total_skipped": self.total_skipped, "skip_events": self.skip_events,
-                 "scheduler_debt": self.scheduler_debt, "skipped": self.skipped.detach().clone(),
-                 "checker": self.checker.state_dict()}
+                 "skipped": self.skipped.detach().clone(), "checker": self.checker.state_dict(),
+                 "last_save": -1 if self.last_save is None else self.last_save}
         if self.clipper is not None and hasattr(self.clipper, "state_dict"):
             state["clipper"] = self.clipper.state_dict()
         return state
@@ -371,5 +378,6 @@ class TrainingStabilizer:
             self.clipper.load_state_dict(state["clipper"])
         self.steps = int(state["steps"])
         self.total_skipped = int(state["total_skipped"])
-        self.scheduler_debt = int(state["scheduler_debt"])
+        self.last_save = None if int(state["last_save"]) < 0 else int(state["last_save"])
         self.skipped = state["skipped"].detach().clone().to(self.device)
+        self.micro = 0

@@ -69,6 +69,57 @@ def robust_zscore(
     return (value.to(window.dtype) - median) / scale
 
 
+def nanmax(x: torch.Tensor) -> torch.Tensor:
+    """Largest non-NaN entry of a tensor, without a sync; NaN when every entry is NaN.
+
+    Example:
+        >>> import torch
+        >>> from trainopt.stability.statistics import nanmax
+        >>> nanmax(torch.tensor([3.0, float("nan"), 1.0])), nanmax(torch.tensor([float("nan")]))
+        (tensor(3.), tensor(nan))
+    """
+    flat = x.reshape(-1)
+    largest = torch.where(torch.isnan(flat), torch.full_like(flat, -math.inf), flat).max()
+    return torch.where(largest == -math.inf, torch.full_like(largest, math.nan), largest)
+
+
+def tail_score(
+    value: torch.Tensor, window: torch.Tensor, rel_floor: float = 1e-2, abs_floor: float = 1e-8
+) -> torch.Tensor:
+    """How far ``value`` lies above ``window``, in units of the window's own upper range.
+
+    ``(value - median) / (max - median)``, NaN entries of the window ignored: 1 is the largest
+    value the window holds, 3 is three times as far above the median as that. The unit is the
+    window's own spread above its median, so a run whose per-batch loss is heavy-tailed (a
+    converged classifier at small batches: median 1e-3, hard batches 100 times that) scores its
+    hard batches near 1, while a batch with every label wrong scores in the tens. A robust z-score
+    (median and MAD) calls those same hard batches spikes: the MAD sees only the typical batch.
+    The unit is floored at ``rel_floor · |median|`` and ``abs_floor``, so a flat window does not
+    turn every wiggle into a spike. Defined for zero and negative values (an RL loss) too.
+
+    Args:
+        value: The new observation (0-d tensor).
+        window: Past accepted observations (1-d tensor, NaN for "missing").
+        rel_floor: Smallest unit relative to ``|median|``.
+        abs_floor: Smallest unit in absolute terms.
+
+    Returns:
+        A 0-d tensor on ``window``'s device; NaN if ``value`` is NaN or the window is all NaN.
+
+    Example:
+        >>> import torch
+        >>> from trainopt.stability import tail_score
+        >>> window = torch.tensor([1e-3, 2e-3, 1e-3, 0.2, 3e-3])  # one hard batch at 0.2
+        >>> round(tail_score(torch.tensor(0.15), window).item(), 2)  # another hard batch: in range
+        0.75
+        >>> round(tail_score(torch.tensor(4.0), window).item(), 1)  # every label wrong: far out
+        20.2
+    """
+    median = nanmedian(window)
+    unit = torch.maximum(nanmax(window) - median, rel_floor * median.abs()).clamp_min(abs_floor)
+    return (value.to(window.dtype) - median) / unit
+
+
 def _as_finite_or_nan(x: torch.Tensor) -> torch.Tensor:
     x = x.detach().float()
     return torch.where(torch.isfinite(x), x, torch.full_like(x, math.nan))

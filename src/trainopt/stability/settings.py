@@ -1,0 +1,77 @@
+"""The settings of a :class:`~trainopt.stability.stabilizer.TrainingStabilizer`, checked before anything is built."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trainopt.stability.optimizers import check_no_step_hooks, check_skippable
+
+__all__ = ["DTYPES", "check_settings"]
+
+DTYPES = {None: None, "fp32": None, "float32": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
+
+
+def check_settings(model: torch.nn.Module, optimizers: list[Any], schedulers: list[Any], *, dtype: Any, scaler: Any,
+                   check_every: Any, accumulate: Any, max_grad_norm: Any, checkpoint_dir: Any, save_every: Any,
+                   recovery: Any) -> None:
+    """Refuse inconsistent settings with an error that names the argument and what is allowed.
+
+    Example:
+        >>> import torch
+        >>> from trainopt.stability.settings import check_settings
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> try:
+        ...     check_settings(model, [opt], [None], dtype=None, scaler=None, check_every=0, accumulate=1,
+        ...                    max_grad_norm=1.0, checkpoint_dir=None, save_every=None, recovery=None)
+        ... except ValueError as error:
+        ...     print(error)
+        check_every must be a positive int, got check_every=0
+    """
+    if (isinstance(dtype, str) or dtype is None) and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(k for k in DTYPES if k)} or a torch dtype, got {dtype=}")
+    if not (isinstance(dtype, str) or dtype is None) and dtype not in (torch.float32, torch.bfloat16,
+                                                                        torch.float16):
+        raise ValueError(f"dtype must be torch.bfloat16, torch.float16, torch.float32 or None, got {dtype=}")
+    if scaler is not None and DTYPES.get(dtype, dtype) is not torch.float16:
+        raise ValueError(f"a loss scaler is only needed with dtype=torch.float16, got {dtype=}")
+    _positive_int("check_every", check_every)
+    _positive_int("accumulate", accumulate)
+    if save_every is not None:
+        _positive_int("save_every", save_every)
+    if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
+        raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm=}")
+    if len(schedulers) != len(optimizers):
+        raise ValueError(f"scheduler must give one scheduler (or None) per optimizer: "
+                         f"{len(schedulers)} schedulers for {len(optimizers)} optimizers")
+    for opt, sched in zip(optimizers, schedulers):
+        check_skippable(opt)
+        check_no_step_hooks(opt)
+        if sched is not None and (isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
+                                  or not callable(getattr(sched, "step", None))):
+            raise ValueError(f"scheduler must be stepped once per step with no argument; a "
+                             f"{type(sched).__name__} is not: step it yourself at the boundaries")
+        if sched is not None and getattr(sched, "optimizer", opt) is not opt:
+            raise ValueError(f"scheduler {type(sched).__name__} drives another optimizer than the one "
+                             "it is paired with")
+    if recovery is not None:
+        if checkpoint_dir is not None or save_every is not None:
+            raise ValueError("give either checkpoint_dir= (and save_every=) or a recovery= built by hand, "
+                             "not both")
+        if len(optimizers) > 1:
+            raise ValueError("a recovery= built by hand holds one optimizer: with several, give checkpoint_dir=")
+        for name, mine in (("optimizer", optimizers[0]), ("scheduler", schedulers[0])):
+            if getattr(recovery, name) is not mine:
+                raise ValueError(f"recovery.{name} is not the stabilizer's {name}: a rollback would restore "
+                                 f"and cut another {name} (build the recovery with the same objects, or "
+                                 "give checkpoint_dir= instead)")
+        if recovery.model is not model:
+            raise ValueError("recovery.model is not the stabilizer's model: a rollback would restore another model")
