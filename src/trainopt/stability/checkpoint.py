@@ -8,12 +8,20 @@ and the Python, NumPy, torch and CUDA random number generator states.
 - **Atomic.** Each file is written to a temporary file in the same directory, flushed,
   ``fsync``-ed, renamed over the target with ``os.replace`` and the directory is ``fsync``-ed:
   a crash leaves either the old file or the new one, never half of one.
-- **No code on load.** Every load uses ``torch.load(..., weights_only=True)``. Everything saved
-  is tensors and plain Python values (RNG states included), checked before writing, so a
-  legitimate checkpoint always loads that way and a crafted pickle is refused with
-  :class:`CheckpointError`.
+- **No code on load.** Every load uses ``torch.load(..., weights_only=True)``. Before the rename,
+  the written file is read back that way (memory-mapped: the tensors are not read), so a save
+  accepts exactly what the installed torch's ``weights_only`` loader accepts (``Counter`` and
+  ``OrderedDict`` included), and refuses anything else naming the entry
+  (:mod:`~trainopt.stability.checkpoint_files`). A crafted pickle is refused on load with
+  :class:`~trainopt.stability.checkpoint_files.CheckpointError`.
+- **Newest by the step it holds.** The file name carries the step, and each file's name is
+  checked against the step in its payload (read once per file, memory-mapped): a renamed or
+  copied file is ordered by the step it holds, never by its name.
 - **Corruption-tolerant.** :meth:`CheckpointManager.load_latest` skips a truncated or corrupt
   file with a warning naming it and falls back to the newest valid one.
+- **Every load failure is a** :class:`~trainopt.stability.checkpoint_files.CheckpointError`
+  naming the file and the piece, and a load changes everything or nothing
+  (:func:`~trainopt.stability.fit.load_all_or_nothing`).
 """
 
 from __future__ import annotations
@@ -23,114 +31,32 @@ import os
 import re
 import uuid
 import warnings
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trainopt.stability.checkpoint_files import (
+    FORMAT,
+    CheckpointError,
+    _atomic_write,
+    _fsync_dir,
+    read_checkpoint,
+    save_weights_only,
+)
 from trainopt.stability.fit import load_all_or_nothing
 from trainopt.stability.rng import get_rng_state, set_rng_state
 
 __all__ = ["CheckpointError", "CheckpointManager"]
 
-
-FORMAT = "trainopt.stability.checkpoint/1"
-
-
 _STEP_FILE = re.compile(r"^checkpoint_step_(\d+)\.pt$")
 
 
-_REQUIRED = ("format", "step", "loss", "model", "optimizer", "scheduler", "scaler", "extra", "rng")
+class _Generators:
+    """The random number generators as a piece of an all-or-nothing load."""
 
-
-_LEAVES = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device, torch.Size)
-
-
-_CONTAINERS = (dict, OrderedDict, list, tuple, set)
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be written or loaded; the message names the file.
-
-    Example:
-        >>> import torch
-        >>> from trainopt.stability import CheckpointError
-        >>> from trainopt.stability import CheckpointManager
-        >>> import tempfile
-        >>> manager = CheckpointManager(tempfile.mkdtemp())
-        >>> try:
-        ...     manager.load_checkpoint(torch.nn.Linear(2, 1), None, manager.path_for(5))
-        ... except CheckpointError as error:
-        ...     print(error)
-        checkpoint file .../checkpoint_step_5.pt does not exist
-    """
-
-
-def _check_plain(value: Any, where: str) -> None:
-    """Raise if ``value`` holds anything ``torch.load(weights_only=True)`` would refuse."""
-    if isinstance(value, torch.Tensor) or type(value) in _LEAVES:
-        return
-    if type(value) not in _CONTAINERS:
-        raise CheckpointError(
-            f"{where} is a {type(value).__name__}: checkpoints hold only tensors and plain Python values "
-            f"(dict, list, tuple, int, float, str, ...) so that they load with weights_only=True; "
-            f"convert it in its state_dict()"
-        )
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _check_plain(key, f"{where} key")
-            _check_plain(item, f"{where}[{key!r}]")
-        return
-    for index, item in enumerate(value):
-        _check_plain(item, f"{where}[{index}]")
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms that cannot open directories
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    """Call ``write(file)`` on a temporary file beside ``path``, then rename it over ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _read(path: Path, map_location: Any = None) -> dict[str, Any]:
-    """Load and validate one checkpoint file; raise :class:`CheckpointError` naming it."""
-    try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint file {path} does not exist") from None
-    except Exception as exc:  # UnpicklingError for forbidden globals, zip/EOF errors for torn files
-        unsafe = "weights_only" in str(exc) or "Unsupported global" in str(exc)
-        what = "refused to load (it would run code: not a weights-only checkpoint)" if unsafe \
-            else "is corrupt or truncated"
-        raise CheckpointError(f"checkpoint file {path} {what}: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint file {path} is not a {FORMAT} checkpoint")
-    missing = [k for k in _REQUIRED if k not in payload]
-    if missing:
-        raise CheckpointError(f"checkpoint file {path} is incomplete: missing {missing}")
-    return payload
+    state_dict = staticmethod(get_rng_state)
+    load_state_dict = staticmethod(set_rng_state)
 
 
 class CheckpointManager:
@@ -139,9 +65,9 @@ class CheckpointManager:
     Args:
         save_dir: Directory of the checkpoints (created if missing).
         save_frequency: :meth:`should_save` is true every this many steps.
-        keep_last: Step checkpoints kept (older ones are deleted after each save); ``None``
-            keeps all. ``best_checkpoint.pt`` is kept besides them; it is a hard link to the
-            step file where the filesystem allows (no second write), a copy elsewhere.
+        keep_last: Step checkpoints kept (the ones holding the oldest steps are deleted after
+            each save); ``None`` keeps all. ``best_checkpoint.pt`` is kept besides them; it is a
+            hard link to the step file where the filesystem allows (no second write), a copy elsewhere.
 
     Example:
         >>> import torch
@@ -167,6 +93,7 @@ class CheckpointManager:
         self.save_frequency = save_frequency
         self.keep_last = keep_last
         self.best_path = self.save_dir / "best_checkpoint.pt"
+        self._held: dict[str, tuple[tuple[int, int, int], int | None]] = {}  # name -> (stat, step held)
         self.best_loss = self._existing_best_loss()
         self._remove_stale_temporaries()
 
@@ -186,7 +113,7 @@ class CheckpointManager:
         if not self.best_path.exists():
             return math.inf
         try:
-            return float(_read(self.best_path, map_location="cpu")["loss"])
+            return float(read_checkpoint(self.best_path, map_location="cpu", mmap=True)["loss"])
         except CheckpointError as exc:
             warnings.warn(f"ignoring unreadable {self.best_path}: {exc}", stacklevel=3)
             return math.inf
@@ -199,10 +126,57 @@ class CheckpointManager:
         """``<save_dir>/checkpoint_step_<step>.pt``."""
         return self.save_dir / f"checkpoint_step_{int(step)}.pt"
 
+    @staticmethod
+    def _identity(path: Path) -> tuple[int, int, int]:
+        stat = path.stat()
+        return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+    def _step_held(self, path: Path, named: int) -> int | None:
+        """The step in the payload of ``path`` (``None``: unreadable), read once per version of the file."""
+        identity = self._identity(path)
+        cached = self._held.get(path.name)
+        if cached is not None and cached[0] == identity:
+            return cached[1]
+        try:
+            held: int | None = int(read_checkpoint(path, map_location="cpu", mmap=True)["step"])
+        except CheckpointError:
+            held = None  # ordered by its name; loading it warns and skips it
+        if held is not None and held != named:
+            warnings.warn(f"checkpoint file {path} holds step {held}, not the {named} its name says (renamed or "
+                          f"copied?): it is ordered by the step it holds", stacklevel=4)
+        self._held[path.name] = (identity, held)
+        return held
+
     def checkpoints(self) -> list[Path]:
-        """Step checkpoint files on disk, oldest step first."""
-        found = [(int(m.group(1)), p) for p in self.save_dir.iterdir() if (m := _STEP_FILE.match(p.name))]
-        return [p for _, p in sorted(found)]
+        """Step checkpoint files on disk, ordered by the step each one holds, oldest first.
+
+        The name gives the step; the payload's step (read once per file, memory-mapped) decides.
+        An unreadable file is placed by its name; of two files holding the same step, the one
+        whose name says it comes last.
+
+        Example:
+            >>> import shutil, tempfile
+            >>> import torch
+            >>> from trainopt.stability import CheckpointManager
+            >>> manager = CheckpointManager(tempfile.mkdtemp(), keep_last=None)
+            >>> model = torch.nn.Linear(2, 1)
+            >>> for step in (10, 20):
+            ...     path = manager.save_checkpoint(model, None, step, loss=1.0)
+            >>> _ = shutil.copy(manager.path_for(10), manager.path_for(99))  # an old file renamed
+            >>> [p.name for p in manager.checkpoints()]  # it holds step 10: not the newest
+            ['checkpoint_step_99.pt', 'checkpoint_step_10.pt', 'checkpoint_step_20.pt']
+        """
+        found = []
+        for path in self.save_dir.iterdir():
+            if not (match := _STEP_FILE.match(path.name)):
+                continue
+            named = int(match.group(1))
+            try:
+                held = self._step_held(path, named)
+            except FileNotFoundError:  # pruned by another writer meanwhile
+                continue
+            found.append(((named if held is None else held, held == named, named), path))
+        return [path for _, path in sorted(found)]
 
     def save_checkpoint(
         self,
@@ -218,6 +192,9 @@ class CheckpointManager:
 
         The best is the lowest finite loss seen by this directory; a NaN or infinite loss is
         never best. Call it when :meth:`should_save` says so, or whenever you want a checkpoint.
+        The file is read back with ``torch.load(weights_only=True)`` before it replaces anything:
+        state that loader refuses raises :class:`CheckpointError` naming the entry, and nothing
+        is written.
 
         Args:
             model, optimizer, scheduler, scaler: Saved through their ``state_dict()``.
@@ -247,9 +224,9 @@ class CheckpointManager:
             "rng": get_rng_state(),
             "torch_version": str(torch.__version__),
         }
-        _check_plain(payload, "checkpoint")
         path = self.path_for(step)
-        _atomic_write(path, lambda f: torch.save(payload, f))
+        save_weights_only(path, payload)
+        self._held[path.name] = (self._identity(path), step)
         if not math.isnan(loss) and loss < self.best_loss:
             self._copy_to_best(path)
             self.best_loss = loss
@@ -287,14 +264,15 @@ class CheckpointManager:
 
         The file is read with ``weights_only=True``. Loading is all or nothing: a file that cannot
         be read, or that does not fit one of the objects (the model's keys or shapes, the
-        optimizer's groups, the scheduler, the scaler, an extra object), raises
-        :class:`CheckpointError` naming the file, the object and what does not fit, and leaves
-        every object as it was (:func:`~trainopt.stability.fit.load_all_or_nothing`). Objects
-        passed here must have been saved (a scheduler missing from the file is an error);
-        objects not passed are left alone.
+        optimizer's groups or the shapes of its state, the scheduler, the scaler, an extra
+        object, the random number generators), raises :class:`CheckpointError` naming the file,
+        the object and what does not fit, and leaves every object and generator as it was
+        (:func:`~trainopt.stability.fit.load_all_or_nothing`). Objects passed here must have
+        been saved (a scheduler missing from the file is an error); objects not passed are left alone.
         """
         path = Path(checkpoint_path)
-        return self._apply(_read(path, map_location), path, model, optimizer, scheduler, scaler, extra, restore_rng)
+        payload = read_checkpoint(path, map_location)
+        return self._apply(payload, path, model, optimizer, scheduler, scaler, extra, restore_rng)
 
     @staticmethod
     def _apply(
@@ -309,11 +287,10 @@ class CheckpointManager:
         pieces = [("optimizer", optimizer, payload["optimizer"]), ("scheduler", scheduler, payload["scheduler"]),
                   ("scaler", scaler, payload["scaler"])]
         pieces += [(f"extra[{name!r}]", obj, payload["extra"][name]) for name, obj in (extra or {}).items()]
-        load_all_or_nothing(model, payload["model"], pieces,
-                            lambda piece, why: CheckpointError(f"checkpoint file {path} does not fit the {piece}: {why}"))
-        if restore_rng:
-            set_rng_state(payload["rng"])
-        return int(payload["step"]), float(payload["loss"])
+        pieces += [("random number generators", _Generators() if restore_rng else None, payload["rng"])]
+        load_all_or_nothing(model, payload["model"], pieces, lambda piece, why: CheckpointError(
+            f"checkpoint file {path} does not fit the {piece}: {why}"))
+        return payload["step"], float(payload["loss"])
 
     def load_latest(
         self,
@@ -327,21 +304,23 @@ class CheckpointManager:
     ) -> tuple[int, float] | None:
         """Load the newest valid step checkpoint (then the best one); ``None`` if there is none.
 
-        A file that cannot be read (truncated, corrupt, not weights-only) is skipped with a
-        warning naming it. Errors of fit (a checkpoint of another model) are raised.
+        Newest is the highest step held in a file (see :meth:`checkpoints`). A file that cannot
+        be read (truncated, corrupt, not weights-only) is skipped with a warning naming it.
+        Errors of fit (a checkpoint of another model) are raised as :class:`CheckpointError`.
         """
-        found = self._newest_readable(map_location)
-        if found is None:
+        path = self._newest_readable()
+        if path is None:
             return None
-        path, payload = found
+        payload = read_checkpoint(path, map_location)
         return self._apply(payload, path, model, optimizer, scheduler, scaler, extra, restore_rng)
 
-    def _newest_readable(self, map_location: Any = None) -> tuple[Path, dict[str, Any]] | None:
+    def _newest_readable(self) -> Path | None:
         for path in [*reversed(self.checkpoints()), self.best_path]:
             if not path.exists():
                 continue
             try:
-                return path, _read(path, map_location)
+                read_checkpoint(path, "cpu", mmap=True)
+                return path
             except CheckpointError as exc:
                 warnings.warn(f"skipping checkpoint {path}: {exc}", stacklevel=3)
         return None
@@ -361,8 +340,7 @@ class CheckpointManager:
             >>> manager.latest_path().name
             'checkpoint_step_7.pt'
         """
-        found = self._newest_readable("cpu")
-        return None if found is None else found[0]
+        return self._newest_readable()
 
     def state_dict(self) -> dict[str, Any]:
         """The manager's own state (best loss so far)."""
