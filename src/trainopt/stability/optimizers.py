@@ -188,9 +188,9 @@ def check_no_step_hooks(optimizer: torch.optim.Optimizer) -> None:
         >>> try:
         ...     check_no_step_hooks(opt)
         ... except UnsupportedOptimizerError as error:
+        ...     handle.remove()
         ...     print(str(error).split(": ")[2].split(";")[0])
         post hook of this optimizer update_ema
-        >>> handle.remove()
     """
     from torch.optim import optimizer as torch_optimizer
 
