@@ -44,12 +44,20 @@ REGISTERED = {
     "cyclical": {"base_lr": 0.01, "max_lr": 0.1, "step_size": 4, "mode": "triangular2"},
 }
 
+def _adaptive(optimizer: torch.optim.Optimizer) -> AdaptiveLearningRate:
+    """Half-way down from its rate: a falling loss moves it up, a rising one down."""
+    scheduler = AdaptiveLearningRate(optimizer, initial_lr=0.1, min_lr=0.02, window=2)
+    scheduler.scale = 0.5
+    scheduler._apply()
+    return scheduler
+
+
 PROJECT: dict[str, Callable[[torch.optim.Optimizer], Any]] = {
     **{f"registry: {name}": (lambda o, n=name: build_scheduler(o, {"type": n, **REGISTERED[n]}))
        for name in registered_schedulers()},
     "PolynomialDecaySchedule": lambda o: PolynomialDecaySchedule(0.1, total_steps=40, warmup_steps=5,
                                                                  min_lr=0.01).as_lr_scheduler(o),
-    "AdaptiveLearningRate": lambda o: AdaptiveLearningRate(o, initial_lr=0.1, min_lr=0.02, window=3),
+    "AdaptiveLearningRate": lambda o: _adaptive(o),
 }
 SCHEDULERS = {**TORCH, **PROJECT}
 

@@ -81,16 +81,8 @@ def test_saved_loaded_into_fresh_objects_and_run_on_equals_the_uninterrupted_run
 
 KILLED_AT, RESUMED_AT = 27, 20  # killed after the step-20 checkpoint, before the step-30 one
 
-BY_LOOP_REASON = (
-    "the stabilizer refuses a scheduler stepped with a metric (ReduceLROnPlateau, AdaptiveLearningRate) and "
-    "its error says to step it yourself at the boundaries; then neither the stabilizer's checkpoints nor "
-    "resume() hold its state, and the resumed run continues with the fresh scheduler's rates")
-
-
 def _case(name: str):
-    marks = [pytest.mark.xfail(strict=True, reason=BY_LOOP_REASON)] \
-        if isinstance(SCHEDULERS[name](build("StepLR", 0)[1]), METRIC_STEPPED) else []
-    return pytest.param(name, marks=marks, id=name)
+    return pytest.param(name, id=name)
 
 
 def _resume_and_finish(folder: Path, name: str) -> tuple[dict, list[list[float]]]:

@@ -81,10 +81,16 @@ def test_detects_a_gradient_explosion_against_the_median() -> None:
     assert reason is not None and reason.startswith("gradient explosion")
 
 
-def test_isolated_flagged_steps_need_no_rollback_but_a_drift_does() -> None:
+def test_flagged_steps_need_no_rollback_until_they_persist_or_the_run_diverges() -> None:
     recovery = _recovery()
-    assert recovery.check({"flagged_steps": 1, "reasons": ["1 loss spikes"]}) is None
-    assert recovery.check({"flagged_steps": 4, "reasons": ["4 loss spikes"]}).startswith("4 unstable steps")
+    assert recovery.patience == 10
+    assert recovery.check({"flagged_steps": 9, "max_streak": 1, "reasons": ["9 loss spikes"]}) is None
+    assert recovery.check({"flagged_steps": 9, "max_streak": 9, "reasons": ["9 loss spikes"]}) is None
+    assert recovery.check({"flagged_steps": 10, "max_streak": 10,
+                           "reasons": ["10 loss spikes"]}).startswith("10 consecutive unstable steps")
+    diverging = {"flagged_steps": 0, "max_streak": 0, "loss": {"diverging": 1},
+                 "reasons": ["diverging (recent median loss 2.3 above ...)"]}
+    assert recovery.check(diverging).startswith("diverging")
     assert recovery.check({"flagged_steps": 0, "weights_finite": False}) == "non-finite weights"
 
 

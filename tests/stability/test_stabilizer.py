@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from optimizer_configs import HELD, assert_same, ids
-from scheduler_configs import SCHEDULERS, two_groups
 from trainopt.stability.scaling import DynamicLossScaler
 from trainopt.schedules.adapters import cosine_annealing_schedule
 from trainopt.stability.stabilizer import StabilityChecker, TrainingStabilizer
@@ -98,7 +97,7 @@ def test_loss_spike_step_is_skipped_only_when_asked(skip_unstable: bool, expect_
     model, x, y = _task()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     stabilizer = TrainingStabilizer(model, opt, check_every=100, skip_unstable=skip_unstable)
-    for _ in range(15):
+    for _ in range(25):
         stabilizer.step(_loss(model, x, y))
     stabilizer.step(_loss(model, x, y, scale=100.0))
     assert int(stabilizer.skipped) == expect_skipped
@@ -121,38 +120,6 @@ def test_skipped_steps_do_not_advance_a_lambda_schedule() -> None:
     assert stabilizer.applied_steps == 16
     assert sched.last_epoch == 16
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 * sched.lr_lambdas[0](16))
-
-
-HOLD_STILL = {name: make for name, make in SCHEDULERS.items()
-              if name not in ("LambdaLR", "ReduceLROnPlateau", "AdaptiveLearningRate")
-              and not name.startswith("registry: ") or name == "registry: cyclical"}
-
-
-@pytest.mark.parametrize("make", HOLD_STILL.values(), ids=HOLD_STILL.keys())
-def test_other_schedulers_hold_still_for_the_skipped_steps(make) -> None:
-    """Every scheduler that is not a LambdaLR: 3 steps skipped before the boundary at 10, and 3
-    steps after it the schedule is where 10 applied steps put a twin scheduler."""
-    model, x, y = _task()
-    first, second = list(model[0].parameters()), list(model[2].parameters())
-    opt = torch.optim.SGD([{"params": first, "lr": 0.1}, {"params": second, "lr": 0.05}], lr=0.1, momentum=0.9)
-    twin_opt = two_groups()
-    sched, twin = make(opt), make(twin_opt)
-    stabilizer = TrainingStabilizer(model, opt, sched, check_every=10)
-    _nan_at({2, 5, 7}, stabilizer, model, x, y, total=13)
-    for _ in range(10):
-        twin_opt.step()
-        twin.step()
-    assert stabilizer.applied_steps == 10
-    assert [g["lr"] for g in opt.param_groups] == pytest.approx([g["lr"] for g in twin_opt.param_groups])
-
-
-def test_a_lambda_schedule_is_rewound_at_the_boundary_while_others_hold_still_after_it() -> None:
-    model, x, y = _task()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
-    stabilizer = TrainingStabilizer(model, opt, sched, check_every=10)
-    _nan_at({2, 5, 7}, stabilizer, model, x, y, total=10)
-    assert sched.last_epoch == 10 and stabilizer.scheduler_debt == 3  # holds still for the next 3 steps
 
 
 def test_no_scheduler_before_optimizer_warning_when_steps_are_skipped() -> None:
@@ -237,14 +204,14 @@ def test_stabilizer_state_survives_a_weights_only_checkpoint() -> None:
     model, x, y = _task()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     stabilizer = TrainingStabilizer(model, opt, check_every=100)
-    for _ in range(12):
+    for _ in range(25):  # past min_history: every statistic is a number
         stabilizer.step(_loss(model, x, y))
     buffer = io.BytesIO()
     torch.save(stabilizer.state_dict(), buffer)
     buffer.seek(0)
     other = TrainingStabilizer(model, opt, check_every=100)
     other.load_state_dict(torch.load(buffer, weights_only=True))
-    assert other.steps == 12
+    assert other.steps == 25
     assert other.checker.loss_monitor.summary() == stabilizer.checker.loss_monitor.summary()
 
 
@@ -350,7 +317,7 @@ def test_a_restart_from_the_stabilizers_own_checkpoint_is_bitwise_the_same_run(t
                                                  _optimizer_state(resumed.optimizer)))
     assert straight.scheduler.state_dict() == resumed.scheduler.state_dict()
     assert straight.skip_events == resumed.skip_events == 1 and resumed.applied_steps == 29
-    counters = ("steps", "total_skipped", "skip_events", "scheduler_debt")
+    counters = ("steps", "total_skipped", "skip_events", "last_save")
     assert [getattr(straight, c) for c in counters] == [getattr(resumed, c) for c in counters]
     assert_same(straight.checker.state_dict(), resumed.checker.state_dict())
     assert straight.clipper.state_dict().keys() == resumed.clipper.state_dict().keys()
@@ -373,4 +340,6 @@ def test_a_rollback_restores_the_trajectory_and_keeps_counting_skips(tmp_path: P
     assert [h["restored_step"] for h in stabilizer.recovery.history] == [10]
     assert stabilizer.steps == 10 and stabilizer.recovery.lr_scale == 0.5
     assert all(torch.equal(p, s) for p, s in zip(stabilizer.model.parameters(), saved))
-    assert stabilizer.skip_events >= 1 + 3  # the NaN before the checkpoint and the flagged steps after
+    # the NaN before the checkpoint stays counted; the rollback rewound the trajectory's count
+    assert stabilizer.skip_events == 1 and stabilizer.total_skipped == 1
+    assert stabilizer.recovery.history[0]["reason"].startswith("diverging")

@@ -15,6 +15,8 @@ from trainopt.stability.statistics import _as_finite_or_nan, nanmedian
 __all__ = ["StabilityChecker"]
 
 # The numbers of a report that decide: each becomes its largest value over the ranks.
+_RECENT = 10  # fewest recent losses whose median the divergence test reads
+
 _REDUCED = (("loss", "nonfinite"), ("loss", "spikes"), ("loss", "max_score"), ("loss", "diverging"),
             ("gradients", "nonfinite"), ("gradients", "explosions"), ("gradients", "max_grad_norm"),
             ("gradients", "param_norm"))
@@ -29,10 +31,10 @@ class StabilityChecker:
     persistence, which a rollback needs and a single flagged step does not:
 
     - ``max_streak``, the longest run of consecutive flagged steps in the window;
-    - ``loss["diverging"]``, 1 when the median of the recent losses (those since the last check,
-      at least ``min_history`` of them) lies above every loss of the window accepted at the last
+    - ``loss["diverging"]``, 1 when the median of the recent losses lies above every loss of the window accepted at the last
       stable check (:attr:`reference`; before the first one, above the first ``min_history``
-      losses of the run): the run as a whole has left the range it was in.
+      losses of the run): the run as a whole has left the range it was in. The recent losses are
+      those since the last check, and at least the last ten.
 
     Ranks agree. When ``torch.distributed`` is initialised, :meth:`update` agrees the flags of
     every rank in ``process_group`` (default: the whole world) with one MAX all-reduce on the
@@ -114,10 +116,10 @@ class StabilityChecker:
         return self.last_flag
 
     def _recent_median(self) -> torch.Tensor:
-        """Median of the losses since the last check (at least ``min_history``; NaN if too few)."""
+        """Median of the losses since the last check (at least ten; NaN if there are fewer)."""
         size = self.recent.numel()
-        count = min(max(self.steps - self.checked_at, self.min_history), size, self.steps)
-        if count < min(self.min_history, size):
+        count = min(max(self.steps - self.checked_at, _RECENT), size, self.steps)
+        if count < min(_RECENT, size):
             return torch.full((), math.nan, device=self.recent.device)
         index = torch.arange(self.steps - count, self.steps, device=self.recent.device) % size
         return nanmedian(self.recent[index])

@@ -5,9 +5,10 @@
 trains the digits MLP under DistributedDataParallel through a :class:`TrainingStabilizer` built
 with no distributed argument, while trouble hits one rank only:
 
-- step 12: rank 1 alone sees a loss spike (its loss jumps by 50; its gradients are normal);
-- step 14: rank 0 alone sees a NaN loss (the value only; its gradients are finite);
-- steps 31, 33, 35, 37: rank 1 alone sees loss spikes, enough for a rollback at step 40.
+- step 25: rank 1 alone sees a loss spike (its loss jumps by 50; its gradients are normal);
+- step 27: rank 0 alone sees a NaN loss (the value only; its gradients are finite);
+- steps 41 to 50: rank 1 alone sees a loss spike on every step, ten in a row: the stabilizer's
+  ``patience``, so the boundary at step 50 rolls back to step 40.
 
 It runs twice, on the same batches: with the stabilizer's default agreement over the world,
 and, as the control, with each rank agreeing only with itself (a process group of one). Each
@@ -33,8 +34,8 @@ from trainopt.stability.stabilizer import TrainingStabilizer
 __all__ = ["LOSS_SPIKES", "NAN_LOSSES", "rank_agreement_check"]
 
 # step -> the rank that alone sees the trouble
-LOSS_SPIKES = {12: 1, 31: 1, 33: 1, 35: 1, 37: 1}
-NAN_LOSSES = {14: 0}
+LOSS_SPIKES = {25: 1, **{step: 1 for step in range(41, 51)}}
+NAN_LOSSES = {27: 0}
 
 
 class _CountingManager(CheckpointManager):
@@ -79,7 +80,7 @@ def _train(folder: str, calls: int, process_group: Any) -> dict[str, Any]:
     }
 
 
-def rank_agreement_check(folder: str | None = None, calls: int = 60) -> dict[str, Any]:
+def rank_agreement_check(folder: str | None = None, calls: int = 70) -> dict[str, Any]:
     """Run the scenario with agreement (the default) and without; return this rank's results.
 
     Args:

@@ -8,10 +8,32 @@ import torch
 
 from trainopt.stability.optimizers import check_no_step_hooks, check_skippable
 
-__all__ = ["DTYPES", "check_settings"]
+__all__ = ["DTYPES", "check_settings", "is_metric_scheduler", "step_with_metric"]
 
 DTYPES = {None: None, "fp32": None, "float32": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
+
+
+def is_metric_scheduler(scheduler: Any) -> bool:
+    """Whether ``scheduler`` is stepped with a metric (``ReduceLROnPlateau``, ``AdaptiveLearningRate``).
+
+    Example:
+        >>> import torch
+        >>> from trainopt.stability.settings import is_metric_scheduler
+        >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        >>> is_metric_scheduler(torch.optim.lr_scheduler.ReduceLROnPlateau(opt))
+        True
+    """
+    return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) or callable(
+        getattr(scheduler, "update_lr", None))
+
+
+def step_with_metric(scheduler: Any, metric: float) -> None:
+    """Step a scheduler of :func:`is_metric_scheduler` with ``metric`` (the window's median loss)."""
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        scheduler.step(metric)
+    else:
+        scheduler.update_lr(metric)
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -55,10 +77,9 @@ def check_settings(model: torch.nn.Module, optimizers: list[Any], schedulers: li
     for opt, sched in zip(optimizers, schedulers):
         check_skippable(opt)
         check_no_step_hooks(opt)
-        if sched is not None and (isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
-                                  or not callable(getattr(sched, "step", None))):
-            raise ValueError(f"scheduler must be stepped once per step with no argument; a "
-                             f"{type(sched).__name__} is not: step it yourself at the boundaries")
+        if sched is not None and not (is_metric_scheduler(sched) or callable(getattr(sched, "step", None))):
+            raise ValueError(f"scheduler must have step() (stepped once per applied step) or be stepped with "
+                             f"a metric (ReduceLROnPlateau, AdaptiveLearningRate); got a {type(sched).__name__}")
         if sched is not None and getattr(sched, "optimizer", opt) is not opt:
             raise ValueError(f"scheduler {type(sched).__name__} drives another optimizer than the one "
                              "it is paired with")

@@ -58,7 +58,7 @@ from trainopt.stability.recovery import TrainingRecovery
 from trainopt.stability.scaling import DynamicLossScaler
 from trainopt.stability.schedule_window import ScheduleWindow
 from trainopt.stability.skip import fused_step, masked_step
-from trainopt.stability.settings import DTYPES, check_settings
+from trainopt.stability.settings import DTYPES, check_settings, is_metric_scheduler, step_with_metric
 from trainopt.stability.stabilizer_state import Gathered, RankEntries
 
 __all__ = ["StabilityChecker", "TrainingStabilizer"]
@@ -80,8 +80,9 @@ class TrainingStabilizer:
             are refused (:func:`~trainopt.stability.optimizers.check_no_step_hooks`): use
             ``averaged=`` for an EMA.
         scheduler: A learning-rate scheduler stepped once per applied step, a list (one per
-            optimizer, ``None`` where there is none), or ``None``. ``ReduceLROnPlateau`` needs a
-            metric: step it yourself at the boundaries.
+            optimizer, ``None`` where there is none), or ``None``. A scheduler stepped with a
+            metric (``ReduceLROnPlateau``, ``AdaptiveLearningRate``) is stepped at each boundary
+            with the median training loss of the window.
         checkpoint_dir: Where boundary checkpoints go. With it, the stabilizer saves one before
             the first step and then every ``save_every`` steps while the run is stable, rolls back
             when it is not, and :meth:`resume` continues a killed run. Without it, bad steps are
@@ -197,7 +198,8 @@ class TrainingStabilizer:
         self.params = [p for opt in self.optimizers for group in opt.param_groups for p in group["params"]]
         self.device = self.params[0].device
         self.fused = [skips_in_kernel(opt) for opt in self.optimizers]
-        self.window = ScheduleWindow(list(zip(self.optimizers, self.schedulers)), check_every)
+        self.window = ScheduleWindow([(opt, None if is_metric_scheduler(sched) else sched)
+                                      for opt, sched in zip(self.optimizers, self.schedulers)], check_every)
         self.window.check()
         self.steps = 0
         self.micro = 0
@@ -279,6 +281,11 @@ class TrainingStabilizer:
         self.skip_events += skipped
         self.window.close(self.check_every - skipped)
         report.update(step=self.steps, skipped_steps=skipped, recovered=None)
+        metric_stepped = [s for s in self.schedulers if is_metric_scheduler(s)]
+        if metric_stepped and math.isfinite(report["loss"]["median"]):
+            for scheduler in metric_stepped:
+                step_with_metric(scheduler, report["loss"]["median"])
+            self.window.reopen()
         reason = self.recovery.check(report) if self.recovery is not None else None
         if reason is not None:
             self._roll_back(reason)
