@@ -44,7 +44,10 @@ def _run(commands: list[str], folder: Path) -> subprocess.CompletedProcess:
 def test_page_shows_the_config_that_the_tests_load() -> None:
     text = PAGE.read_text()
     included = re.findall(r"```\{literalinclude\} (\S+)", text)
-    assert included == ["../../../src/trainopt/data/hpo_digits.yaml"]
+    # the cluster scripts are run and parsed by tests/hpo/test_hpo_cluster.py
+    assert included == ["../../../src/trainopt/data/hpo_digits.yaml", "hpo-cluster/hpo-slurm.sh",
+                        "hpo-cluster/hpo-indexed-job.yaml"]
+    assert all((PAGE.parent / name).is_file() for name in included)
     config = load_hpo_config(PAGE.parent / included[0])
     assert config.name == "digits" and config.sampler == "tpe" and config.pruner == "median"
 
