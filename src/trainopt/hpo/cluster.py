@@ -118,6 +118,12 @@ class Terminated(SystemExit):
     Optuna records no state for it (it catches ``Exception`` and ``KeyboardInterrupt`` only),
     and :func:`~trainopt.hpo.workers.run_worker` queues the trial it stopped again, then lets it
     through, as it does for Ctrl-C.
+
+    Example:
+        >>> from trainopt.hpo.cluster import Terminated
+        >>> stopped = Terminated(trial=3)
+        >>> stopped.code, stopped.trial, isinstance(stopped, SystemExit)
+        (143, 3, True)
     """
 
     def __init__(self, trial: int | None = None) -> None:
@@ -132,6 +138,11 @@ class Running:
     Attributes:
         trial: The number of the trial whose objective runs now (``None`` between trials).
         signalled: Whether SIGTERM arrived.
+
+    Example:
+        >>> from trainopt.hpo.cluster import Running
+        >>> Running()
+        Running(trial=None, signalled=False)
     """
 
     trial: int | None = None
