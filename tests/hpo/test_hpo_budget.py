@@ -32,8 +32,8 @@ def test_a_top_up_counts_a_trial_run_again_once(tmp_path: Path) -> None:
     assert run_worker(study, X, lambda trial, params: params["x"]) == {"COMPLETE": 3, "PRUNED": 0, "FAIL": 0}
     assert [t.state for t in study.trials].count(TrialState.FAIL) == 1 and len(study.trials) == 4
     study = create_study("topup", 5, f"journal:{tmp_path / 's.log'}", sampler="random", pruner=None, heartbeat=1)
-    assert len(study.trials) == 6, "two trials added: the lost one was already replaced"
-    run_worker(study, X, lambda trial, params: params["x"])
+    assert run_worker(study, X, lambda trial, params: params["x"])["COMPLETE"] == 2, "the lost one was replaced"
+    assert len(study.trials) == 6
     assert [t.number for t in budget_trials(study)] == [n for n in range(6) if n != lost]
     assert best_trials_text(study).startswith(
         "study topup: 5 trials, 5 complete, 0 pruned, 0 fail; 1 more failed when their worker died, and ran again")

@@ -1,13 +1,16 @@
 """What trainopt.hpo relies on in Optuna beyond its public API: each test fails if Optuna changes under it.
 
-trainopt.hpo.storage depends on three things Optuna doesn't promise (each isolated there, with a
+trainopt.hpo.storage depends on four things Optuna doesn't promise (each isolated there, with a
 comment that says why):
 
 - ``Study._storage`` and ``_CachedStorage._backend``: the storage object a study holds
   (:func:`trainopt.hpo.storage.storage_of`);
 - ``Study.ask()`` creates a trial from nothing only when no waiting trial is left, through the
-  storage's ``create_new_trial`` (``RDBStorage._create_new_trial`` behind Optuna's cache): the
-  exact budget vetoes exactly that creation;
+  storage's ``create_new_trial`` (``RDBStorage._create_new_trial`` behind Optuna's cache, which
+  builds the row in ``_get_prepared_new_trial`` while it holds the study's row lock): the exact
+  budget counts the study's trials there;
+- ``RDBStorage._get_stale_trial_ids`` and its ORM models (``TrialModel``,
+  ``TrialHeartbeatModel``): trainopt's version counts a trial that never beat from its start;
 - ``optuna.storages._heartbeat.BaseHeartbeat``: the heartbeat protocol that ``study.optimize``
   and ``fail_stale_trials`` drive, implemented for the journal file.
 
@@ -16,6 +19,7 @@ The pin in pyproject.toml is the range these tests ran on.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import warnings
@@ -24,6 +28,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy
 from optuna.exceptions import ExperimentalWarning
 from optuna.trial import TrialState
 from packaging.specifiers import SpecifierSet
@@ -42,7 +47,7 @@ def _url(kind: str, tmp_path: Path) -> str:
 
 
 def test_the_installed_optuna_is_in_the_pinned_range() -> None:
-    pins = re.findall(r'"optuna([^"]*)"', (ROOT / "pyproject.toml").read_text())
+    pins = re.findall(r'"optuna([<>=!~][^"]*)"', (ROOT / "pyproject.toml").read_text())
     assert pins and len(set(pins)) == 1, pins
     assert version("optuna") in SpecifierSet(pins[0]), (version("optuna"), pins[0])
 
@@ -74,12 +79,13 @@ def test_ask_claims_only_waiting_trials_while_the_budget_is_claimed(kind: str, t
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
-def test_optimize_drives_the_heartbeat_from_the_claim_on(kind: str, tmp_path: Path) -> None:
+def test_optimize_drives_the_heartbeat_of_a_claimed_trial(kind: str, tmp_path: Path) -> None:
     study = create_study("beats", 1, _url(kind, tmp_path), sampler="random", pruner=None, heartbeat=1)
     storage = storage_of(study)
     seen = []
 
     def objective(trial: optuna.Trial) -> float:
+        time.sleep(1.5)  # the claim is the first beat; the thread's next one comes a heartbeat later
         seen.append(_last_beat(storage, study, trial))
         time.sleep(2.5)
         seen.append(_last_beat(storage, study, trial))
@@ -88,6 +94,29 @@ def test_optimize_drives_the_heartbeat_from_the_claim_on(kind: str, tmp_path: Pa
     with waiting_trials_only():
         study.optimize(objective, n_trials=1)
     assert seen[0] is not None and seen[1] is not None and seen[1] > seen[0], seen
+
+
+def test_rdb_storage_builds_a_new_trial_in_get_prepared_new_trial(tmp_path: Path) -> None:
+    """The exact budget counts the study's trials in the transaction that creates one."""
+    storage = open_storage(_url("sqlite", tmp_path), heartbeat=None)
+    sessions = []
+    original = type(storage)._get_prepared_new_trial
+
+    def spy(self, study_id, template_trial, session):
+        sessions.append(session)
+        return original(self, study_id, template_trial, session)
+
+    study = create_study("prepared", 1, storage, sampler="random", pruner=None)
+    type(storage)._get_prepared_new_trial = spy
+    try:
+        with waiting_trials_only():
+            claimed = study.ask()
+            with pytest.raises(BudgetSpent):
+                study.ask()
+    finally:
+        type(storage)._get_prepared_new_trial = original
+    assert len(sessions) == 2 and all(isinstance(s, sqlalchemy.orm.Session) for s in sessions)
+    assert claimed.user_attrs["worker"].endswith(f":{os.getpid()}")  # named in the same transaction
 
 
 def _last_beat(storage, study: optuna.Study, trial: optuna.Trial) -> object:

@@ -2,25 +2,30 @@
 
 :func:`open_storage` turns a URL into an Optuna storage that adds three things to Optuna's own:
 
-- **No trial beyond the budget.** Inside :func:`waiting_trials_only`, the storage refuses to
-  create a trial from nothing, so ``study.ask()`` (and with it ``study.optimize``) can only claim
-  a waiting trial, and raises :class:`BudgetSpent` when none is left. Trials from a template
-  (``study.add_trial``, ``enqueue_trial``, Optuna's retry of a dead worker's trial) are created
-  as usual.
+- **No trial beyond the budget.** The budget is a number kept with the study
+  (:func:`set_budget`). Inside :func:`waiting_trials_only`, ``study.ask()`` (and with it
+  ``study.optimize``) claims a waiting trial (a dead worker's trial queued again, or one you
+  enqueued) or creates one while the study holds fewer than its budget, in the same transaction
+  that counts them; else it raises :class:`BudgetSpent`. A claim reads only the trials still
+  unfinished, never the whole budget. Trials from a template (``study.add_trial``,
+  ``enqueue_trial``, Optuna's retry of a dead worker's trial) are created as usual.
 - **Heartbeats** on every storage that can share a study: Optuna's own on a relational
-  database, the same protocol on a journal file. A trial whose worker stopped beating for twice
-  the heartbeat is failed by the next worker that looks, and queued again (at most
-  ``MAX_RETRIES`` times). The first heartbeat is recorded in the claim itself.
+  database, the same protocol on a journal file. A running trial silent for twice the
+  heartbeat is failed by the next worker that looks, and queued again (at most ``MAX_RETRIES``
+  times). A trial that never beat counts from its start: a worker killed between its claim and
+  its first heartbeat, or a plain ``study.ask()`` that never tells, holds no trial forever.
 - **Atomic claims on SQLite**, which ignores ``SELECT ... FOR UPDATE``.
 """
 
 from __future__ import annotations
 
-import threading
+import fcntl
+import json
+import math
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,94 +34,111 @@ import sqlalchemy
 from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
 from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages._heartbeat import BaseHeartbeat  # private: see _JournalStorage
+from optuna.storages._rdb import models  # private: see _RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
+from trainopt.hpo.claims import (  # noqa: F401  (BudgetSpent and waiting_trials_only: imported from here too)
+    BUDGET_ATTR,
+    HEARTBEAT_ATTR,
+    RETRY_ATTR,
+    WORKER_ATTR,
+    BudgetSpent,
+    _check_budget,
+    _claiming,
+    _claims,
+    _count_in_memory,
+    budget_of,
+    set_budget,
+    waiting_trials_only,
+    worker_name,
+)
 from trainopt.hpo.space import _config_error
 
 MAX_RETRIES = 2
 """How many times a trial whose worker died is queued again (its params kept); then it stays FAIL."""
 
-HEARTBEAT_ATTR = "trainopt:heartbeat"
-"""The trial system attribute that holds a journal trial's last heartbeat (seconds since the epoch)."""
-
-_claims = threading.local()
-
-
-class BudgetSpent(Exception):
-    """No waiting trial is left to claim: the study's budget is taken.
-
-    Example:
-        >>> from trainopt.hpo import create_study
-        >>> from trainopt.hpo.storage import BudgetSpent, waiting_trials_only
-        >>> study = create_study("doc-spent", 1, ":memory:", sampler="random", pruner=None)
-        >>> with waiting_trials_only():
-        ...     first = study.ask()
-        ...     try:
-        ...         study.ask()
-        ...     except BudgetSpent as error:
-        ...         print(error)
-        no waiting trial is left in the study
-        >>> len(study.trials)
-        1
-    """
-
-
-@contextmanager
-def waiting_trials_only() -> Iterator[None]:
-    """In this thread, while active, a storage from :func:`open_storage` creates no trial from nothing.
-
-    ``study.ask()`` then claims a waiting trial or raises :class:`BudgetSpent`: a worker that
-    loses the race for the last waiting trial adds no trial to the study.
-
-    Example:
-        >>> from trainopt.hpo import create_study
-        >>> from trainopt.hpo.storage import waiting_trials_only
-        >>> study = create_study("doc-only", 2, ":memory:", sampler="random", pruner=None)
-        >>> with waiting_trials_only():
-        ...     [study.ask().number, study.ask().number]
-        [0, 1]
-    """
-    previous = getattr(_claims, "waiting_only", False)
-    _claims.waiting_only = True
-    try:
-        yield
-    finally:
-        _claims.waiting_only = previous
-
-
-def _refuse_a_new_trial(template_trial: FrozenTrial | None) -> None:
-    # Study.ask() creates a trial from nothing only when it found no waiting trial to claim.
-    if template_trial is None and getattr(_claims, "waiting_only", False):
-        raise BudgetSpent("no waiting trial is left in the study")
-
-
 class _ExactBudget:
     """Mixed into Optuna's storages by :func:`open_storage` (see the module docstring)."""
 
-    def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
-        _refuse_a_new_trial(template_trial)
-        return super().create_new_trial(study_id, template_trial)  # type: ignore[misc]
-
-    def set_trial_state_values(self, trial_id: int, state: TrialState, values: Any = None) -> bool:
-        claimed = super().set_trial_state_values(trial_id, state, values)  # type: ignore[misc]
-        # Optuna's heartbeat thread starts only once the sampler has set the trial up; a worker
-        # killed before that would leave a trial that never goes stale.
-        if claimed and state == TrialState.RUNNING and heartbeat_interval(self) is not None:
-            self.record_heartbeat(trial_id)  # type: ignore[attr-defined]
-        return claimed
-
 
 class _RDBStorage(_ExactBudget, optuna.storages.RDBStorage):
-    """Why private API: Optuna wraps an RDBStorage in its ``_CachedStorage``, which creates trials
-    through ``RDBStorage._create_new_trial``. tests/hpo/test_optuna_contract.py fails if that changes."""
+    """Why private API: Optuna creates a trial in ``RDBStorage._get_prepared_new_trial``, inside the
+    transaction that holds the study's row lock (SQLite: the write lock): counting the study's
+    trials there, through Optuna's ORM models, makes the claim atomic. Optuna's heartbeat check
+    (``_get_stale_trial_ids``) skips trials that never beat; this one counts them from their
+    start. tests/hpo/test_optuna_contract.py fails if either changes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._claimed_at: dict[int, float] = {}
+        self._looked_at: dict[int, float] = {}
 
     def _create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> FrozenTrial:
-        _refuse_a_new_trial(template_trial)
-        return super()._create_new_trial(study_id, template_trial)
+        if not _claiming(template_trial):
+            return super()._create_new_trial(study_id, template_trial)
+        # One transaction counts the budget, creates the trial RUNNING and names its worker.
+        claim = FrozenTrial(number=-1, state=TrialState.RUNNING, value=None, datetime_start=datetime.now(),
+                            datetime_complete=None, params={}, distributions={},
+                            user_attrs={WORKER_ATTR: worker_name()}, system_attrs={}, intermediate_values={},
+                            trial_id=-1)
+        _claims.creating = True
+        try:
+            trial = super()._create_new_trial(study_id, claim)
+        finally:
+            _claims.creating = False
+        self._claimed_at[trial._trial_id] = time.monotonic()
+        return trial
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        # The claim's start time is the trial's first heartbeat (see _get_stale_trial_ids): a
+        # beat right after it would only cost one more transaction per trial.
+        claimed = self._claimed_at.pop(trial_id, None)
+        if claimed is None or time.monotonic() - claimed > self.heartbeat_interval / 2:
+            super().record_heartbeat(trial_id)
+
+    def _get_prepared_new_trial(self, study_id: int, template_trial: FrozenTrial | None,
+                                session: sqlalchemy.orm.Session) -> Any:
+        if getattr(_claims, "creating", False):
+            trial, attr, study = models.TrialModel, models.TrialSystemAttributeModel, models.StudySystemAttributeModel
+            select, count = sqlalchemy.select, sqlalchemy.func.count
+            trials, retries, budget = session.execute(select(  # one round trip
+                select(count()).select_from(trial).where(trial.study_id == study_id).scalar_subquery(),
+                select(count()).select_from(attr).join(trial, trial.trial_id == attr.trial_id)
+                .where(trial.study_id == study_id, attr.key == RETRY_ATTR).scalar_subquery(),
+                select(study.value_json).where(study.study_id == study_id, study.key == BUDGET_ATTR)
+                .scalar_subquery())).one()
+            _check_budget(None if budget is None else json.loads(budget), trials, retries)
+        return super()._get_prepared_new_trial(study_id, template_trial, session)
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        assert self.heartbeat_interval is not None
+        # Optuna looks before every trial; once per half heartbeat is enough, and costs less
+        now = time.monotonic()
+        if now - self._looked_at.get(study_id, -math.inf) < self.heartbeat_interval / 2:
+            return []
+        self._looked_at[study_id] = now
+        grace = timedelta(seconds=self.grace_period or 2 * self.heartbeat_interval)
+        trial, beat = models.TrialModel, models.TrialHeartbeatModel
+        session = self.scoped_session()
+        try:
+            now = session.execute(sqlalchemy.func.now()).scalar().replace(tzinfo=None)  # the beats' clock
+            running = (session.query(trial, beat.heartbeat).outerjoin(beat, beat.trial_id == trial.trial_id)
+                       .filter(trial.study_id == study_id, trial.state == TrialState.RUNNING).all())
+            local = datetime.now()  # the clock of datetime_start (local time): the claiming worker's
+            stale = [t.trial_id for t, last in running
+                     if (now - last if last is not None else local - t.datetime_start) > grace]
+            session.commit()
+        finally:
+            session.close()
+        return stale
 
 
 class _InMemoryStorage(_ExactBudget, optuna.storages.InMemoryStorage):
-    pass
+    def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
+        with self._lock:
+            if _claiming(template_trial):
+                _count_in_memory(self, study_id)
+            return super().create_new_trial(study_id, template_trial)
 
 
 class _JournalStorage(_ExactBudget, optuna.storages.JournalStorage, BaseHeartbeat):
@@ -124,14 +146,24 @@ class _JournalStorage(_ExactBudget, optuna.storages.JournalStorage, BaseHeartbea
 
     Why private: the protocol is ``optuna.storages._heartbeat.BaseHeartbeat``; ``study.optimize``
     and ``optuna.storages.fail_stale_trials`` drive any storage that implements it.
-    tests/hpo/test_optuna_contract.py fails if Optuna stops doing so.
+    tests/hpo/test_optuna_contract.py fails if Optuna stops doing so. A claim that creates a
+    trial counts the study's trials under a lock on ``<journal>.claim.lock``.
     """
 
-    def __init__(self, backend: Any, heartbeat_interval: int | None = None,
+    def __init__(self, backend: Any, lock_path: str, heartbeat_interval: int | None = None,
                  heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None] | None = None) -> None:
         super().__init__(backend)
+        self.lock_path = lock_path
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_stale_trial_callback = heartbeat_stale_trial_callback
+
+    def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
+        if not _claiming(template_trial):
+            return super().create_new_trial(study_id, template_trial)
+        with open(self.lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+            _count_in_memory(self, study_id)
+            return super().create_new_trial(study_id, template_trial)
 
     def record_heartbeat(self, trial_id: int) -> None:
         try:
@@ -143,13 +175,11 @@ class _JournalStorage(_ExactBudget, optuna.storages.JournalStorage, BaseHeartbea
         assert self.heartbeat_interval is not None
         now, stale = time.time(), []
         for trial in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-            beat = trial.system_attrs.get(HEARTBEAT_ATTR)
-            if beat is None:  # as RDBStorage: a trial that never beat is not stale
-                continue
-            # a retried trial copies its predecessor's attributes: the claim time counts too
-            last = max(beat, trial.datetime_start.timestamp()) if trial.datetime_start else beat
+            # a trial that never beat counts from its claim; a retried one copies its
+            # predecessor's attributes, so its claim counts too
+            last = max(trial.system_attrs.get(HEARTBEAT_ATTR, 0.0), trial.datetime_start.timestamp())
             if now - last > 2 * self.heartbeat_interval:
-                stale.append(self.get_trial_id_from_study_id_trial_number(study_id, trial.number))
+                stale.append(trial._trial_id)
         return stale
 
     def get_heartbeat_interval(self) -> int | None:
@@ -195,7 +225,8 @@ def open_storage(url: str | Path, heartbeat: int | None = 60) -> BaseStorage:
     if url.startswith("journal:") or (url.endswith(".log") and "://" not in url):
         from optuna.storages.journal import JournalFileBackend
 
-        return _JournalStorage(JournalFileBackend(url.removeprefix("journal:")), **beats)
+        path = url.removeprefix("journal:")
+        return _JournalStorage(JournalFileBackend(path), f"{path}.claim.lock", **beats)
     if "://" not in url:
         raise _config_error(
             "storage", f"must be an SQLAlchemy URL (sqlite:///study.db, postgresql+psycopg2://...) "

@@ -1,31 +1,39 @@
 """Studies on Optuna: samplers, pruners, and an exact trial budget shared by any number of workers.
 
-The budget of a study is a queue of waiting trials. :func:`create_study` adds as many as the
-study lacks; :func:`~trainopt.hpo.workers.run_worker` claims them one at a time and stops when
-none is left, so however many workers share the storage, the study runs exactly ``n_trials``
-trials. (``MaxTrialsCallback`` alone overshoots: each worker checks the count after its trial,
-so workers that finish together all start one more; see optuna/optuna#3518.) A trial whose
-worker died is failed and queued again; it doesn't count (:func:`budget_trials`).
+The budget of a study is a number kept with it: :func:`create_study` sets it (or raises it);
+:func:`~trainopt.hpo.workers.run_worker` claims one trial at a time, and the storage creates a
+trial only while the study holds fewer than its budget (see :mod:`trainopt.hpo.storage`), so
+however many workers share the storage, the study runs exactly ``n_trials`` trials.
+(``MaxTrialsCallback`` alone overshoots: each worker checks the count after its trial, so
+workers that finish together all start one more; see optuna/optuna#3518.) A trial whose worker
+died is failed and queued again; it doesn't count (:func:`budget_trials`). Each trial's sampler
+is seeded from the study's seed and the trial's number (:mod:`trainopt.hpo.seeds`): a resumed
+study draws new points, and the same ones in every run.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.exceptions import ExperimentalWarning
-from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback
-from optuna.trial import FrozenTrial, TrialState
+from optuna.storages import BaseStorage
+from optuna.trial import TrialState
 
+from trainopt.hpo.seeds import TrialSeededSampler
 from trainopt.hpo.space import SearchSpace, _config_error
+from trainopt.hpo.claims import budget_of, budget_trials, set_budget, trials_to_run  # noqa: F401
 from trainopt.hpo.storage import open_storage
 from trainopt.hpo.workers import Objective, run_worker
 
 SAMPLERS = ("qmc", "tpe", "random", "grid", "gp")
 PRUNERS = ("median", "successive-halving", "hyperband", "none")
+
+_log = logging.getLogger(__name__)
 
 
 def make_sampler(name: str, seed: int | None = None,
@@ -33,6 +41,7 @@ def make_sampler(name: str, seed: int | None = None,
     """The sampler called ``name``.
 
     - ``"qmc"``: scrambled Sobol points: quasi-random search, to explore a new space evenly.
+      The study keeps the count of points drawn, so a resumed study goes on along the sequence.
     - ``"tpe"``: tree-structured Parzen estimator: Bayesian optimization, to exploit. With
       ``constant_liar=True`` (Optuna 5's default, not 4's, so set here) the trials other
       workers are still running count as bad results, so that workers asking at the same time
@@ -41,30 +50,58 @@ def make_sampler(name: str, seed: int | None = None,
     - ``"random"``: independent uniform draws.
     - ``"grid"``: every combination of ``space`` (each parameter needs choices or a step).
 
+    With a ``seed``, ``"tpe"``, ``"gp"`` and ``"random"`` are each a
+    :class:`~trainopt.hpo.seeds.TrialSeededSampler`: seeded afresh for each trial from
+    ``(seed, trial number)``, so that no trial replays another's numbers, in this run or the next.
+    (The QMC sequence and the grid never repeat a point: the study records the points drawn.)
+
     Example:
         >>> from trainopt.hpo import make_sampler
-        >>> type(make_sampler("qmc", seed=0)).__name__
-        'QMCSampler'
+        >>> type(make_sampler("qmc", seed=0)).__name__, make_sampler("tpe", seed=0)
+        ('QMCSampler', TrialSeededSampler(TPESampler, seed=0))
     """
+    if isinstance(seed, bool) or not (seed is None or isinstance(seed, int) and 0 <= seed < 2**32):
+        raise _config_error("study.seed", f"must be an int from 0 to 2**32 - 1, or null, got {seed!r}")
     if name == "qmc":
         with warnings.catch_warnings():  # experimental since Optuna 3.0; stable enough here
             warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.QMCSampler(qmc_type="sobol", scramble=True, seed=seed,
                                               warn_independent_sampling=False)
+    build = _builder(name, space)
+    if seed is None or name == "grid":  # the grid visits each point once, in an order its seed shuffles
+        return build(seed)
+    return TrialSeededSampler(build, seed)
+
+
+def _builder(name: str, space: SearchSpace | None) -> Callable[[int | None], optuna.samplers.BaseSampler]:
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+        return lambda seed: optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
+        return lambda seed: optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
         if space is None:
             raise _config_error("study.sampler", "'grid' needs the search space")
-        return optuna.samplers.GridSampler(space.grid(), seed=seed)
+        grid = space.grid()
+        return lambda seed: optuna.samplers.GridSampler(grid, seed=seed)
     if name == "gp":
         missing = [m for m in ("torch", "scipy") if not _importable(m)]
         if missing:
             raise _config_error("study.sampler", f"'gp' needs {missing} installed; use 'tpe' instead")
-        return optuna.samplers.GPSampler(seed=seed)
+        return lambda seed: optuna.samplers.GPSampler(seed=seed)
     raise _config_error("study.sampler", f"must be one of {list(SAMPLERS)}, got {name!r}")
+
+
+def grid_size(space: SearchSpace) -> int:
+    """How many points the grid sampler's grid of ``space`` has.
+
+    Example:
+        >>> from trainopt.hpo.space import SearchSpace
+        >>> from trainopt.hpo.study import grid_size
+        >>> grid_size(SearchSpace.from_dict({"a": {"type": "categorical", "choices": [1, 2, 3]},
+        ...                                  "b": {"type": "int", "low": 0, "high": 4, "step": 2}}))
+        9
+    """
+    return math.prod(len(values) for values in space.grid().values())
 
 
 def _importable(module: str) -> bool:
@@ -107,15 +144,17 @@ def create_study(study_name: str, n_trials: int, storage: str | Path | BaseStora
                  directions: Sequence[str] = ("minimize",), sampler: str = "tpe",
                  pruner: str | optuna.pruners.BasePruner | None = "median", seed: int | None = 0,
                  space: SearchSpace | None = None, heartbeat: int | None = 60) -> optuna.Study:
-    """Create (or load) a study and top its budget up to ``n_trials`` trials in all.
+    """Create (or load) a study and raise its budget to ``n_trials`` trials in all.
 
-    Run it once per study; then start any number of :func:`~trainopt.hpo.workers.run_worker`
-    processes on the same storage. Calling it again with a larger ``n_trials`` extends a
-    finished study.
+    Run it once per study, or from every worker at once: the budget is the largest
+    ``n_trials`` given, and no trial is created until a worker claims it. Then start any number
+    of :func:`~trainopt.hpo.workers.run_worker` processes on the same storage. Calling it again
+    with a larger ``n_trials`` extends a finished study. With the grid sampler, the budget is
+    capped at the grid's size: a larger one would only repeat points.
 
     Args:
         study_name: Name of the study in the storage.
-        n_trials: Total number of trials the study should hold (finished, running or waiting),
+        n_trials: Total number of trials the study should hold (finished, running or to run),
             not counting those run again after their worker died.
         storage: Storage URL (see :func:`~trainopt.hpo.storage.open_storage`) or a storage it
             opened; default ``sqlite:///<study_name>.db``.
@@ -130,9 +169,10 @@ def create_study(study_name: str, n_trials: int, storage: str | Path | BaseStora
 
     Example:
         >>> from trainopt.hpo import create_study
+        >>> from trainopt.hpo.storage import budget_of
         >>> study = create_study("doc", 3, ":memory:", sampler="random")
-        >>> [trial.state.name for trial in study.trials]
-        ['WAITING', 'WAITING', 'WAITING']
+        >>> budget_of(study), len(study.trials)  # the trials are created as workers claim them
+        (3, 0)
     """
     if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
         raise ValueError(f"n_trials must be a positive int, got {n_trials=}")
@@ -144,33 +184,19 @@ def create_study(study_name: str, n_trials: int, storage: str | Path | BaseStora
     if len(directions) > 1 and not isinstance(pruner, optuna.pruners.NopPruner):
         raise _config_error("study.pruner", f"must be null for a multi-objective study (Optuna can't "
                             f"prune one), got {type(pruner).__name__}")
+    made = make_sampler(sampler, seed, space)
+    if sampler == "grid" and space is not None and n_trials > grid_size(space):
+        _log.warning("the grid has %d points: the budget is capped at %d trials, not %d",
+                     grid_size(space), grid_size(space), n_trials)
+        n_trials = grid_size(space)
     if not isinstance(storage, BaseStorage):
         storage = open_storage(storage or f"sqlite:///{study_name}.db", heartbeat)
     study = optuna.create_study(
         study_name=study_name, storage=storage, load_if_exists=True, directions=list(directions),
-        sampler=make_sampler(sampler, seed, space), pruner=pruner,
+        sampler=made, pruner=pruner,
     )
-    missing = n_trials - len(budget_trials(study))
-    study.add_trials(optuna.trial.create_trial(state=TrialState.WAITING) for _ in range(missing))
+    set_budget(study, n_trials)
     return study
-
-
-def budget_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """The trials that make up the study's budget: all but those queued again after their worker died.
-
-    A trial whose worker stopped beating is failed, and Optuna's retry callback queues a copy;
-    the copy takes its place in the budget.
-
-    Example:
-        >>> from trainopt.hpo import budget_trials, create_study
-        >>> len(budget_trials(create_study("doc-budget", 4, ":memory:")))
-        4
-    """
-    trials = study.get_trials(deepcopy=False)
-    with warnings.catch_warnings():  # retry_history is experimental since Optuna 3.0
-        warnings.simplefilter("ignore", ExperimentalWarning)
-        replaced = {number for trial in trials for number in RetryHeartbeatStaleTrialCallback.retry_history(trial)}
-    return [trial for trial in trials if trial.number not in replaced]
 
 
 def tune(objective: Objective, space: SearchSpace, n_trials: int, *, study_name: str = "trainopt",
@@ -259,10 +285,11 @@ def best_trials_text(study: optuna.Study) -> str:
           #...: value 1 | x=1
     """
     trials = budget_trials(study)
+    n_trials = len(trials) + max(0, (budget_of(study) or 0) - len(trials))
     counts = {s.name: sum(t.state == s for t in trials)
               for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
     retried = len(study.get_trials(deepcopy=False)) - len(trials)
-    lines = [f"study {study.study_name}: {len(trials)} trials, "
+    lines = [f"study {study.study_name}: {n_trials} trials, "
              + ", ".join(f"{n} {k.lower()}" for k, n in counts.items())
              + (f"; {retried} more failed when their worker died, and ran again" if retried else "")]
     if counts["COMPLETE"] == 0:

@@ -1,29 +1,41 @@
-"""The worker loop: run a study's waiting trials through ``study.optimize`` until none is left.
+"""The worker loop: run a study's budget through ``study.optimize``, one claimed trial at a time.
 
 Every trial runs inside Optuna's own ``study.optimize``, with all of its safety nets: the
 heartbeat thread, failing the trials of dead workers before each claim, ``study.stop()``, and
-the bookkeeping of pruned and failed trials. What a worker adds is the budget: it claims only
-the study's waiting trials (see :func:`trainopt.hpo.storage.waiting_trials_only`), and while
-other workers' trials still run it waits, so that it can take over the trial of a worker that
-dies.
+the bookkeeping of pruned and failed trials. What a worker adds is the budget: it claims a trial
+only within the study's budget (see :func:`trainopt.hpo.storage.waiting_trials_only`), and while
+other workers' trials still run it waits, naming them, so that it can take over the trial of a
+worker that dies. The wait is bounded: a trial silent for twice the heartbeat is failed and
+queued again. A worker whose own trial was taken for dead goes on with the next one; one that
+is interrupted (Ctrl-C) queues its trial again, so the budget loses no slot.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 import optuna
+from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
+from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
 from trainopt.hpo.reporter import TrialDiverged
 from trainopt.hpo.space import SearchSpace
-from trainopt.hpo.storage import BudgetSpent, check_claims_are_safe, heartbeat_interval, waiting_trials_only
+from trainopt.hpo.storage import (
+    RETRY_ATTR,
+    WORKER_ATTR,
+    BudgetSpent,
+    check_claims_are_safe,
+    heartbeat_interval,
+    waiting_trials_only,
+    worker_name,
+)
 
 Objective = Callable[[optuna.Trial, dict[str, Any]], "float | Sequence[float]"]
 """What a study tunes: ``objective(trial, params) -> value or values``."""
@@ -49,7 +61,8 @@ def run_trial(trial: optuna.Trial, space: SearchSpace, objective: Objective) -> 
         >>> study.trials[0].state.name, study.trials[0].user_attrs["reason"]
         ('FAIL', 'diverged: the objective returned [inf]')
     """
-    trial.set_user_attr("worker", f"{os.uname().nodename}:{os.getpid()}")
+    if trial.user_attrs.get(WORKER_ATTR) != worker_name():  # a trial created by a claim has it already
+        trial.set_user_attr(WORKER_ATTR, worker_name())
     try:
         result = objective(trial, space.suggest(trial))
     except optuna.TrialPruned as exc:
@@ -75,22 +88,29 @@ def run_trial(trial: optuna.Trial, space: SearchSpace, objective: Objective) -> 
 
 def run_worker(study: optuna.Study, space: SearchSpace, objective: Objective,
                show_progress_bar: bool = False, reseed: bool = False,
-               stop: Callable[[], bool] | None = None) -> dict[str, int]:
-    """Run waiting trials of ``study`` until none is left; return this worker's counts by final state.
+               timeout: float | None = None) -> dict[str, int]:
+    """Run trials of ``study`` until its budget is spent; return this worker's counts by final state.
 
     Many processes, on many machines, may run this on the same storage at once: together they
     run the study's budget exactly. The study must come from :func:`~trainopt.hpo.create_study`
     or be loaded with a storage from :func:`~trainopt.hpo.open_storage`; any other storage is
     refused (its claims could race). With heartbeats on, a worker that finds nothing to claim
-    waits while other trials run: if their worker dies, the trial is failed after the grace
-    period and queued again, and this worker runs it.
+    waits while other trials run, and logs which: if their worker dies, the trial is failed
+    once it has been silent for twice the heartbeat (counted from its start if it never beat),
+    queued again, and this worker runs it.
 
-    Pass ``reseed=True`` in each worker so that workers built with the same seed don't draw
-    the same random numbers (Optuna does the same for ``n_jobs``); QMC points still come from
-    one shared sequence.
+    A trial that another worker took for dead while it ran (this process missed its heartbeats:
+    a paused or overloaded machine) is left to its retry, and the worker goes on. An interrupt
+    (``KeyboardInterrupt``, ``SystemExit``) queues the trial it stopped again, then propagates.
 
-    ``stop`` is asked before each claim and while waiting: once it returns ``True`` the worker
-    claims no more trials and returns (the command line's ``--timeout`` and SIGTERM).
+    Args:
+        study: The study.
+        space: The search space.
+        objective: ``objective(trial, params) -> value or values``.
+        show_progress_bar: Show a tqdm bar of the trials left in the budget.
+        reseed: Reseed the sampler (for a sampler of your own: one from
+            :func:`~trainopt.hpo.make_sampler` is seeded per trial already).
+        timeout: Claim no trial, and wait for none, after this many seconds.
 
     Example:
         >>> from trainopt.hpo import SearchSpace, create_study, run_worker
@@ -110,30 +130,39 @@ def run_worker(study: optuna.Study, space: SearchSpace, objective: Objective,
     if show_progress_bar:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))),
-                   desc=study.study_name, unit="trial")
+        from trainopt.hpo.claims import trials_to_run
 
-    def count(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        counts[trial.state.name] += 1
+        bar = tqdm(total=trials_to_run(study), desc=study.study_name, unit="trial")
+
+    def count(state: str) -> None:
+        counts[state] += 1
         if bar is not None:
             bar.update(1)
             bar.set_postfix(counts)
 
+    deadline = math.inf if timeout is None else time.monotonic() + timeout
+    waited_for: set[int] = set()
     current: dict[str, Any] = {}
     try:
-        while stop is None or not stop():
+        while time.monotonic() < deadline:
             current.clear()
             try:
                 with waiting_trials_only():
                     study.optimize(partial(_tracked, current=current, space=space, objective=objective),
-                                   n_trials=1, callbacks=[count])
+                                   n_trials=1)
+                count(current["state"])
             except BudgetSpent:
-                if beat is None or not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if beat is None or not running:
                     break
-                time.sleep(min(beat, 5))
-            except Exception:
-                if not _failed_as_stale(study, current):
+                _log_the_wait(running, beat, waited_for)
+                time.sleep(max(0.0, min(beat, 5, deadline - time.monotonic())))
+            except Exception as error:
+                if not _taken_for_dead(study, current, error):
                     raise
+    except (KeyboardInterrupt, SystemExit):
+        _queue_again(study, current.get("number"))
+        raise
     finally:
         if bar is not None:
             bar.close()
@@ -142,28 +171,68 @@ def run_worker(study: optuna.Study, space: SearchSpace, objective: Objective,
 
 def _tracked(trial: optuna.Trial, current: dict[str, Any], space: SearchSpace,
              objective: Objective) -> float | list[float]:
-    """:func:`run_trial`, noting the trial and whether the objective ended by itself."""
-    current["number"] = trial.number
+    """:func:`run_trial`, noting the trial's number, how it ends (without reading it back from the
+    storage), and the exception the objective raised, if any."""
+    current.update(number=trial.number, state="FAIL")
     try:
         result = run_trial(trial, space, objective)
     except optuna.TrialPruned:
-        current["ended"] = True
+        current["state"] = "PRUNED"
         raise
-    current["ended"] = True
+    except BaseException as error:
+        current["raised"] = error
+        raise
+    values = result if isinstance(result, list) else [result]
+    if len(values) == len(trial.study.directions) and not any(math.isnan(v) for v in values):
+        current["state"] = "COMPLETE"
     return result
 
 
-def _failed_as_stale(study: optuna.Study, current: dict[str, Any]) -> bool:
-    """Whether Optuna could not record a trial that ended by itself because another worker failed it.
+def _log_the_wait(running: list[optuna.trial.FrozenTrial], beat: int, waited_for: set[int]) -> None:
+    """Say, once per trial, which running trials this worker waits for, and for how long at most."""
+    new = [t for t in running if t.number not in waited_for]
+    if new:
+        waited_for.update(t.number for t in new)
+        names = ", ".join(f"#{t.number} ({t.user_attrs.get('worker', 'claimed')})" for t in new)
+        _log.warning("nothing left to claim; waiting for trial %s to finish, or to be silent for %d s "
+                     "and run again here", names, 2 * beat)
+
+
+def _taken_for_dead(study: optuna.Study, current: dict[str, Any], error: Exception) -> bool:
+    """Whether ``error`` came from recording a trial that another worker had failed as stale meanwhile.
 
     That happens when this worker missed its heartbeats for the grace period (a paused machine,
-    an overloaded one): the trial was taken for dead and queued again. The worker goes on.
+    an overloaded one): the trial was taken for dead and queued again. Optuna then can't tell the
+    trial (``Cannot tell a FAIL trial.``), whether the objective returned or raised. An error the
+    objective raised, re-raised by Optuna after it recorded the trial as FAIL itself, is a bug.
     """
-    if not current.get("ended"):
+    number = current.get("number")
+    if number is None or error is current.get("raised"):
         return False
-    trial = study.get_trials(deepcopy=False)[current["number"]]
+    trial = study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
     if trial.state != TrialState.FAIL:
         return False
-    _log.warning("trial %d was failed as stale while it ran (missed heartbeats); it is queued again",
-                 trial.number)
+    _log.warning("trial %d was failed as stale while it ran (missed heartbeats); it is queued again", number)
     return True
+
+
+def _queue_again(study: optuna.Study, number: int | None) -> None:
+    """Fail the trial ``number`` that an interrupt stopped, if it still runs, and queue a copy in its place."""
+    if number is None:
+        return
+    storage = study._storage
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    if storage.get_trial(trial_id).state == TrialState.RUNNING:
+        try:
+            storage.set_trial_state_values(trial_id, TrialState.FAIL)
+        except UpdateFinishedTrialError:
+            pass
+    trials = study.get_trials(deepcopy=False)
+    if trials[number].state != TrialState.FAIL or any(
+            t.system_attrs.get(RETRY_ATTR) is not None and t.system_attrs.get("retry_history", [])[-1:] == [number]
+            for t in trials):
+        return  # it ended, or it is queued again already
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        RetryHeartbeatStaleTrialCallback()(study, trials[number])
+    _log.warning("trial %d was interrupted; it is queued again", number)
