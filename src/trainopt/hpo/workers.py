@@ -160,13 +160,24 @@ def run_worker(study: optuna.Study, space: SearchSpace, objective: Objective,
             except Exception as error:
                 if not _taken_for_dead(study, current, error):
                     raise
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit) as stop:
         _queue_again(study, current.get("number"))
+        if isinstance(stop, _Interrupted):
+            raise stop.interrupt from None
         raise
     finally:
         if bar is not None:
             bar.close()
     return counts
+
+
+class _Interrupted(SystemExit):
+    """A Ctrl-C in the objective, carried past Optuna (which catches ``KeyboardInterrupt``, records
+    the trial as FAIL and logs it) to :func:`run_worker`, which queues the trial again and raises it."""
+
+    def __init__(self, interrupt: KeyboardInterrupt) -> None:
+        super().__init__(130)
+        self.interrupt = interrupt
 
 
 def _tracked(trial: optuna.Trial, current: dict[str, Any], space: SearchSpace,
@@ -179,6 +190,8 @@ def _tracked(trial: optuna.Trial, current: dict[str, Any], space: SearchSpace,
     except optuna.TrialPruned:
         current["state"] = "PRUNED"
         raise
+    except KeyboardInterrupt as interrupt:  # Optuna would log it as a failure, with its traceback
+        raise _Interrupted(interrupt) from None
     except BaseException as error:
         current["raised"] = error
         raise
@@ -235,4 +248,4 @@ def _queue_again(study: optuna.Study, number: int | None) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         RetryHeartbeatStaleTrialCallback()(study, trials[number])
-    _log.warning("trial %d was interrupted; it is queued again", number)
+    _log.info("trial %d was interrupted; it is queued again", number)  # the command line says so
