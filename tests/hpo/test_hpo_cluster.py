@@ -171,7 +171,7 @@ def test_sigterm_returns_the_trial_to_the_queue_and_a_requeued_worker_runs_it(tm
             worker.kill()
             worker.communicate()
     assert worker.returncode == SIGTERM_STATUS, stderr
-    assert stderr.splitlines()[-1] == "stopped by SIGTERM: trial 0 queued again" and "Traceback" not in stderr
+    assert stderr == "stopped by SIGTERM: trial 0 queued again\n"  # one line, no traceback
     study = _study(tmp_path, "slow")
     stopped = study.trials[0]
     assert stopped.state.name == "FAIL" and not [t for t in budget_trials(study) if t.state.is_finished()]
