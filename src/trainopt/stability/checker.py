@@ -34,7 +34,9 @@ class StabilityChecker:
     - ``loss["diverging"]``, 1 when the median of the recent losses lies above every loss of the window accepted at the last
       stable check (:attr:`reference`; before the first one, above the first ``min_history``
       losses of the run): the run as a whole has left the range it was in. The recent losses are
-      those since the last check, and at least the last ten.
+      the newer half of those since the last check, and at least the last ten. The reference is
+      the lower of the last two stable windows' largest losses, so a window that saw the first
+      steps of a divergence without being flagged does not raise the bar for the next one.
 
     Ranks agree. When ``torch.distributed`` is initialised, :meth:`update` agrees the flags of
     every rank in ``process_group`` (default: the whole world) with one MAX all-reduce on the
@@ -80,7 +82,8 @@ class StabilityChecker:
         self.first = torch.full((detector.min_history,), math.nan)
         self.streak = torch.zeros((), dtype=torch.long)
         self.max_streak = torch.zeros((), dtype=torch.long)
-        self.reference = math.nan  # host: the largest accepted loss at the last stable check
+        self.reference = math.nan  # host: the lower of the last two stable windows' largest losses
+        self.last_window_max = math.nan
         self.steps = 0
         self.checked_at = 0
         self.gradient_monitor = gradient_monitor or GradientMonitor(model_or_optimizer, check_every=check_every)
@@ -116,9 +119,9 @@ class StabilityChecker:
         return self.last_flag
 
     def _recent_median(self) -> torch.Tensor:
-        """Median of the losses since the last check (at least ten; NaN if there are fewer)."""
+        """Median of the newer half of the losses since the last check (at least ten; NaN if fewer)."""
         size = self.recent.numel()
-        count = min(max(self.steps - self.checked_at, _RECENT), size, self.steps)
+        count = min(max((self.steps - self.checked_at) // 2, _RECENT), size, self.steps)
         if count < min(_RECENT, size):
             return torch.full((), math.nan, device=self.recent.device)
         index = torch.arange(self.steps - count, self.steps, device=self.recent.device) % size
@@ -172,26 +175,30 @@ class StabilityChecker:
         """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
         return {"loss_monitor": self.loss_monitor.state_dict(),
                 "gradient_monitor": self.gradient_monitor.state_dict(),
-                "reference": self.reference, "steps": self.steps, "checked_at": self.checked_at,
+                "reference": self.reference, "last_window_max": self.last_window_max, "steps": self.steps,
+                "checked_at": self.checked_at,
                 **{k: getattr(self, k).detach().clone() for k in self._tensors}}
 
     _tensors = ("flagged", "streak", "max_streak", "recent", "first")
 
     def accept(self, report: dict[str, Any]) -> None:
         """Take the window just checked as the reference of the divergence test (a stable check)."""
-        largest = report["loss"].get("window_max", math.nan)
+        largest = float(report["loss"].get("window_max", math.nan))
         if math.isfinite(largest):
-            self.reference = float(largest)
+            self.reference = min(largest, self.last_window_max) if math.isfinite(self.last_window_max) else largest
+            self.last_window_max = largest
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
-        missing = [k for k in ("loss_monitor", "gradient_monitor", "reference", "steps", "checked_at",
+        missing = [k for k in ("loss_monitor", "gradient_monitor", "reference", "last_window_max", "steps",
+                               "checked_at",
                                *self._tensors) if k not in state]
         if missing:
             raise KeyError(f"StabilityChecker state_dict is missing {missing}")
         self.gradient_monitor.load_state_dict(state["gradient_monitor"])
         self.loss_monitor.load_state_dict(state["loss_monitor"])
-        self.reference, self.steps, self.checked_at = float(state["reference"]), state["steps"], state["checked_at"]
+        self.reference, self.last_window_max = float(state["reference"]), float(state["last_window_max"])
+        self.steps, self.checked_at = state["steps"], state["checked_at"]
         device = self.flagged.device
         for key in self._tensors:
             setattr(self, key, state[key].detach().clone().to(device))

@@ -81,7 +81,7 @@ class GradientMonitor:
         self,
         model_or_optimizer: torch.nn.Module | torch.optim.Optimizer,
         window_size: int = 100,
-        explosion_factor: float = 3.0,
+        explosion_factor: float = 6.0,
         min_history: int = 20,
         check_every: int = 100,
     ) -> None:

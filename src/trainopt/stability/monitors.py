@@ -30,19 +30,20 @@ class LossSpikeDetector:
     their own flag, :attr:`last_nonfinite`.
 
     The defaults come from the healthy and faulty corpora of the stability page: at
-    ``threshold=3`` no healthy run skips more than a handful of batches in ten thousand, and
-    batches with every label wrong score far above it.
+    ``threshold=4`` (and the gradient monitor's ``explosion_factor=6``) the healthy runs of
+    ``python -m trainopt.stability.corpus`` skip about one batch in ten thousand, and a batch with
+    every label wrong scores above it once the model has learnt anything.
 
     Example:
         >>> import torch
         >>> from trainopt.stability import LossSpikeDetector
-        >>> detector = LossSpikeDetector(threshold=3.0, window_size=20, min_history=5)
+        >>> detector = LossSpikeDetector(threshold=4.0, window_size=20, min_history=5)
         >>> flags = [detector.update(torch.tensor(2.0 - 0.01 * i)) for i in range(10)]
         >>> bool(torch.stack(flags).any()), bool(detector.update(torch.tensor(9.0)))
         (False, True)
     """
 
-    def __init__(self, threshold: float = 3.0, window_size: int = 100, min_history: int = 20) -> None:
+    def __init__(self, threshold: float = 4.0, window_size: int = 100, min_history: int = 20) -> None:
         _check_positive("threshold", threshold)
         _check_int("window_size", window_size, 2)
         _check_int("min_history", min_history, 2)
@@ -128,7 +129,7 @@ class LossStabilityMonitor:
     """
 
     def __init__(
-        self, window_size: int = 100, threshold: float = 3.0, check_every: int = 100, min_history: int = 20
+        self, window_size: int = 100, threshold: float = 4.0, check_every: int = 100, min_history: int = 20
     ) -> None:
         _check_int("check_every", check_every, 1)
         self.detector = LossSpikeDetector(threshold, window_size, min_history)

@@ -95,8 +95,8 @@ class TrainingRecovery:
         lr_factor: float = 0.5,
         skip_batches: int = 0,
         max_recovery_attempts: int = 3,
-        spike_threshold: float = 3.0,
-        explosion_factor: float = 3.0,
+        spike_threshold: float = 4.0,
+        explosion_factor: float = 6.0,
         min_history: int = 20,
         patience: int = 10,
     ) -> None:

@@ -105,8 +105,9 @@ class TrainingStabilizer:
             backward pass on ``loss / accumulate``; every ``accumulate``-th call updates.
         skip_unstable: Also skip steps whose loss or gradient norm leaves the window's range
             (non-finite ones are always skipped).
-        spike_factor: How far outside the window's range a loss or gradient norm must lie to be
-            flagged, in units of the range (:func:`~trainopt.stability.statistics.tail_score`).
+        spike_factor: How far above the window's range a loss must lie to be flagged, in units of
+            the range (:func:`~trainopt.stability.statistics.tail_score`).
+        explosion_factor: The same for the gradient norm.
         window_size: Accepted steps the range is measured over.
         min_history: Steps before the range tests apply.
         averaged: A ``torch.optim.swa_utils.AveragedModel`` (or a list) to update after each
@@ -156,7 +157,8 @@ class TrainingStabilizer:
         check_every: int = 100,
         accumulate: int = 1,
         skip_unstable: bool = True,
-        spike_factor: float = 3.0,
+        spike_factor: float = 4.0,
+        explosion_factor: float = 6.0,
         window_size: int = 100,
         min_history: int = 20,
         averaged: Any = None,
@@ -192,7 +194,7 @@ class TrainingStabilizer:
             monitored = self.optimizer if len(self.optimizers) == 1 else model
             checker = StabilityChecker(
                 monitored, LossStabilityMonitor(window_size, spike_factor, check_every, min_history),
-                GradientMonitor(monitored, window_size, spike_factor, min_history, check_every),
+                GradientMonitor(monitored, window_size, explosion_factor, min_history, check_every),
                 check_every=check_every, process_group=process_group)
         self.checker = checker
         self.params = [p for opt in self.optimizers for group in opt.param_groups for p in group["params"]]
