@@ -103,7 +103,10 @@ def measure(url: str, n_trials: int, repeats: int = 3) -> dict[str, Any]:
     plain, mine = [], []
     for repeat in range(repeats):  # alternate which side goes first
         for side in ((run_plain, plain), (run_trainopt, mine))[:: 1 if repeat % 2 == 0 else -1]:
-            side[1].append(side[0](url, n_trials))
+            fresh = url  # an SQLite file per run, as a user's study has: no pages of earlier runs
+            if url.startswith("sqlite:///") and url.endswith(".db"):
+                fresh = f"{url[:-3]}-{uuid.uuid4().hex[:8]}.db"
+            side[1].append(side[0](fresh, n_trials))
     row: dict[str, Any] = {"n_trials": n_trials, "repeats": repeats}
     for name, runs in (("plain", plain), ("trainopt", mine)):
         row[f"{name}_s"] = statistics.median(r[0] for r in runs)
