@@ -62,13 +62,14 @@ STATE_OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw8bit", "adafactor")
 
 
 def optimizer_state_bytes(parameters: Iterable[torch.Tensor], optimizer: str = "adamw",
-                          block_size: int = 2048, min_8bit_size: int = 4096) -> int:
+                          block_size: int = 256, min_8bit_size: int = 4096) -> int:
     """Bytes of optimizer state for ``parameters``, from their shapes alone (``meta`` works).
 
     - ``"adamw"``: two fp32 moments and a 4-byte step per tensor, as ``torch.optim.AdamW``.
     - ``"adamw8bit"``: both moments in 8 bits with one fp32 absmax per ``block_size`` values
-      (block-wise quantization, as in bitsandbytes' ``AdamW8bit``); tensors smaller than
-      ``min_8bit_size`` keep fp32 moments. An estimate: bitsandbytes is not a dependency.
+      (block-wise quantization, as in bitsandbytes' ``AdamW8bit``, whose blocks hold 256
+      values); tensors smaller than ``min_8bit_size`` (4,096 there) keep fp32 moments. An
+      estimate: bitsandbytes is not a dependency.
     - ``"adafactor"``: no first moment; the second moment of a matrix is factored into one
       fp32 row and one fp32 column vector, a vector's is kept whole; a 4-byte step per tensor,
       as ``torch.optim.Adafactor``.
@@ -79,7 +80,7 @@ def optimizer_state_bytes(parameters: Iterable[torch.Tensor], optimizer: str = "
         >>> weight = torch.empty(1024, 4096, device="meta")
         >>> {name: round(optimizer_state_bytes([weight], name) / weight.numel(), 3)
         ...  for name in ("adamw", "adamw8bit", "adafactor")}  # bytes per parameter
-        {'adamw': 8.0, 'adamw8bit': 2.004, 'adafactor': 0.005}
+        {'adamw': 8.0, 'adamw8bit': 2.031, 'adafactor': 0.005}
     """
     if optimizer not in STATE_OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {list(STATE_OPTIMIZERS)}, got {optimizer!r}")

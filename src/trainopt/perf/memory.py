@@ -285,8 +285,9 @@ def record_memory_history(path: str | Path, max_entries: int = 100_000,
 def allocator_settings(conf: str | None = None) -> dict[str, str]:
     """Parse the CUDA caching allocator's settings (default: from the environment).
 
-    ``PYTORCH_CUDA_ALLOC_CONF`` (newer torch also reads ``PYTORCH_ALLOC_CONF``) holds
-    ``key:value`` pairs separated by commas, read once when CUDA first allocates.
+    ``PYTORCH_ALLOC_CONF`` holds ``key:value`` pairs separated by commas, read once when CUDA
+    first allocates. The older ``PYTORCH_CUDA_ALLOC_CONF`` is still read for backward
+    compatibility, and CUDA's allocator reads it first, so it wins where both are set.
 
     Example:
         >>> from trainopt.perf import allocator_settings
@@ -321,7 +322,7 @@ def expandable_segments_in_use(segments: list[dict[str, Any]] | None = None) -> 
         >>> expandable_segments_in_use([{"is_expandable": True}, {"is_expandable": False}])
         False
 
-        On a GPU, the live allocator's answer follows ``PYTORCH_CUDA_ALLOC_CONF``:
+        On a GPU, the live allocator's answer follows ``PYTORCH_ALLOC_CONF``:
 
         >>> import torch
         >>> from trainopt.perf import allocator_settings
