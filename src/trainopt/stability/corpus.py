@@ -42,7 +42,13 @@ __all__ = ["FAULTY", "HEALTHY", "Run", "by_fault", "measure", "render", "run_pla
 
 @dataclass(frozen=True)
 class Run:
-    """One run of a corpus: the task, the optimizer, how long, and the fault (if any) at ``fault_at``."""
+    """One run of a corpus: the task, the optimizer, how long, and the fault (if any) at ``fault_at``.
+
+    Example:
+        >>> from trainopt.stability.corpus import Run
+        >>> Run("digits", 16, "sgd", 0.1, 500, fault="labels", fault_at=250).name
+        'digits sgd lr=0.1 batch=16, labels at 250'
+    """
 
     task: str
     batch_size: int
@@ -154,7 +160,14 @@ def run_stabilized(run: Run, seed: int = 0, folder: str | Path | None = None) ->
 
 
 def run_plain(run: Run, seed: int = 0) -> float:
-    """Train ``run`` by plain torch, clipped at 1.0 like the stabilizer; its final validation result."""
+    """Train ``run`` by plain torch, clipped at 1.0 like the stabilizer; its final validation result.
+
+    Example:
+        >>> from trainopt.stability.corpus import Run, run_plain, run_stabilized
+        >>> run = Run("digits", 64, "sgd", 0.1, 40)
+        >>> run_plain(run) == run_stabilized(run)["result"]  # nothing to skip: the same run
+        True
+    """
     task, optimizer, scheduler = _build(run, seed)
     for step in range(run.steps):
         x, y, _ = _batch(task, run, step)
@@ -173,6 +186,13 @@ def measure(healthy: Sequence[Run] = HEALTHY, faulty: Sequence[Run] = FAULTY,
 
     A healthy run's result is within noise when it lies within the plain runs' range over the
     seeds, widened by that range on each side.
+
+    Example:
+        >>> from trainopt.stability.corpus import Run, measure
+        >>> results = measure([Run("digits", 64, "sgd", 0.1, 40)],
+        ...                   [Run("digits", 64, "sgd", 0.1, 40, fault="nan_loss", fault_at=30)], seeds=(0,))
+        >>> results["healthy_flagged_runs"], results["misses"]
+        (0, 0)
     """
     rows = []
     for run in healthy:

@@ -49,7 +49,15 @@ def generated_text(sentences: int = 4000, seed: int = 0) -> str:
 
 @dataclass
 class Task:
-    """A model, an optimizer's settings, and batches: what one corpus run trains."""
+    """A model, an optimizer's settings, and batches: what one corpus run trains.
+
+    Example:
+        >>> from trainopt.stability.corpus_runs import build_task
+        >>> task = build_task("language", batch_size=2)
+        >>> x, y = task.batch(0)
+        >>> x.shape, bool((x[:, 1:] == y[:, :-1]).all())  # next-character targets
+        (torch.Size([2, 32]), True)
+    """
 
     model: torch.nn.Module
     batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # step -> (inputs, targets)

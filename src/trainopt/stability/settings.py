@@ -29,7 +29,18 @@ def is_metric_scheduler(scheduler: Any) -> bool:
 
 
 def step_with_metric(scheduler: Any, metric: float) -> None:
-    """Step a scheduler of :func:`is_metric_scheduler` with ``metric`` (the window's median loss)."""
+    """Step a scheduler of :func:`is_metric_scheduler` with ``metric`` (the window's median loss).
+
+    Example:
+        >>> import torch
+        >>> from trainopt.stability.settings import step_with_metric
+        >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        >>> plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5)
+        >>> for loss in (1.0, 1.0, 1.0):
+        ...     step_with_metric(plateau, loss)
+        >>> opt.param_groups[0]["lr"]
+        0.025
+    """
     if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
         scheduler.step(metric)
     else:

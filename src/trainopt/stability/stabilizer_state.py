@@ -16,6 +16,16 @@ class RankEntries:
     ``state_dict`` gives this rank's entry in its slot; ``load_state_dict`` takes this rank's
     entry: everything on a resume, only the stabilizer's trajectory on a rollback (the run moves
     on in the data and the random numbers, and keeps counting skipped steps).
+
+    Example:
+        >>> import torch
+        >>> from trainopt.stability import TrainingStabilizer
+        >>> from trainopt.stability.stabilizer_state import RankEntries
+        >>> model = torch.nn.Linear(2, 1)
+        >>> stabilizer = TrainingStabilizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        >>> entry = RankEntries(stabilizer, resume=True).state_dict()["ranks"]
+        >>> len(entry), sorted(entry[0])  # one process: one rank
+        (1, ['data', 'rng', 'stabilizer'])
     """
 
     def __init__(self, stabilizer: Any, resume: bool) -> None:
@@ -47,7 +57,13 @@ class RankEntries:
 
 
 class Gathered:
-    """Every rank's entries, gathered on rank 0 to be written."""
+    """Every rank's entries, gathered on rank 0 to be written.
+
+    Example:
+        >>> from trainopt.stability.stabilizer_state import Gathered
+        >>> Gathered({"ranks": [None, None]}).state_dict()
+        {'ranks': [None, None]}
+    """
 
     def __init__(self, state: dict[str, Any]) -> None:
         self.state = state

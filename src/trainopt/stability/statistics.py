@@ -1,4 +1,4 @@
-"""Robust statistics on the device: medians and MAD-based z-scores that need no host sync."""
+"""Robust statistics on the device: medians, maxima, range and MAD scores that need no host sync."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Count host-device synchronisations: the proof, on a CPU, that a training step makes none on a GPU.
+"""Count host-device synchronisations on a CPU: the operators that would make a training step sync on a GPU.
 
 :class:`HostSyncCounter` is a ``TorchDispatchMode`` that sees every ATen operator a block of
 code runs, on any device, and counts the ones that make the host wait for a CUDA device:
