@@ -1,4 +1,4 @@
-"""``python -m trainopt.perf.bench {matrix,recipe,stability,experiments,all,compare,scaling}``.
+"""``python -m trainopt.perf.bench {matrix,recipe,stability,experiments,all,compare,scaling,compile}``.
 
 - ``matrix``: vary one field at a time around a base configuration (the first value given for
   each field), or every combination with ``--grid``.
@@ -14,6 +14,8 @@
   interval of the ratio of medians (:mod:`trainopt.perf.bench.compare`).
 - ``scaling --processes N``: throughput of 1 and N gloo processes on a CPU, stand-ins for GPUs,
   and the scaling efficiency with its interval (:mod:`trainopt.perf.bench.scaling`).
+- ``compile --modes ...``: compile time, steady-state step, speed-up and break-even point of
+  ``torch.compile`` modes against eager (:func:`trainopt.perf.compilation.measure_compile`).
 
 Each writes one results file (:mod:`trainopt.perf.bench.results`) and prints its tables
 (:mod:`trainopt.perf.bench.report`). A mistake in an argument prints one line and exits 2.
@@ -154,6 +156,12 @@ def build_parser() -> ArgumentParser:
     c.add_argument("candidate", help="results file B (bench kind)")
     c.add_argument("--confidence", type=fraction, default=0.95, help="coverage of the interval")
     c.add_argument("--resamples", type=positive_int, default=4000, help="bootstrap resamples")
+
+    k = sub.add_parser("compile", help="compile time and steady-state speed-up of torch.compile modes")
+    common(k)
+    model(k)
+    k.add_argument("--modes", nargs="+", choices=COMPILE_MODES[1:], default=["default"])
+    k.add_argument("--compile-backend", choices=COMPILE_BACKENDS, default="inductor")
 
     g = sub.add_parser("scaling", help="throughput of 1 and N gloo processes on a CPU (stand-ins for GPUs)")
     g.add_argument("--processes", type=at_least_two, default=2, help="N, the processes of the parallel run")
@@ -314,6 +322,16 @@ def _scaling(args: argparse.Namespace, command: str) -> dict[str, Any]:
                        args.max_warmup, args.threads, command=command, note=args.note)
 
 
+def _compile(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    from trainopt.perf.compilation import measure_compile
+
+    _check_shape(args.size, args.seq_len)
+    return measure_compile(args.size, args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+                           args.batch_size or DEFAULT_BATCH[args.size], args.seq_len or None, args.modes,
+                           args.compile_backend, args.steps, args.windows, args.warmup, args.max_warmup,
+                           command=command, note=args.note)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand, write its results file, print its tables; returns the exit status.
 
@@ -337,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_compare(args))
         return 0
     run = {"matrix": _matrix, "recipe": _recipe, "stability": _stability, "experiments": _experiments,
-           "all": _all, "scaling": _scaling}[args.command]
+           "all": _all, "scaling": _scaling, "compile": _compile}[args.command]
     results = run(args, command)
     if args.command != "all":
         write_results(results, args.out)

@@ -294,10 +294,25 @@ def _scaling_efficiency(results: Results) -> list[str]:
         f"({_percent(eff['confidence'])} bootstrap interval {_percent(eff['low'])}–{_percent(eff['high'])})."]
 
 
+def _compile_speedup(results: Results) -> list[str]:
+    rows = results["rows"]
+    unit, mem = _memory_unit([r["peak_bytes"] for r in rows])
+    body = [[r["mode"], _cell(r["compile_s"], lambda v: f"{v:.1f}"), _ms(r["step_s"]["median"]),
+             _ratio(r["speedup"]), _cell(r["break_even_steps"], _rate), str(r["graphs"]), str(r["graph_breaks"]),
+             _cell(r["peak_bytes"], mem)] for r in rows]
+    settings = results["meta"]["settings"]
+    return _table(["variant", "first step (s)", "ms per step (median)", "speed-up over eager", "break-even steps",
+                   "graphs", "graph breaks", f"peak memory ({unit})"], body) + [
+        "", f"The {settings['size']} GPT, batch {settings['batch_size']} × {settings['seq_len']} tokens, backend "
+            f"`{settings['backend']}`; median over {settings['windows']} windows of {settings['steps_per_window']} "
+            "steps after a warm-up."]
+
+
 PARTS: dict[str, dict[str, Callable[[Results], list[str]]]] = {
     "bench": {"results": _bench_results, "recipe": _bench_recipe, "goal": _bench_goal, "profile": _bench_profile},
     "stability": {"overhead": _stability_overhead},
     "scaling": {"efficiency": _scaling_efficiency},
+    "compile": {"speedup": _compile_speedup},
     "experiments": {"environment": _experiments_environment, "precision": _experiments_precision,
                     "estimate": _experiments_estimate, "checkpointing": _experiments_checkpointing,
                     "recommendation": _experiments_recommendation, "phases": _experiments_phases,
@@ -307,6 +322,9 @@ PARTS: dict[str, dict[str, Callable[[Results], list[str]]]] = {
 
 
 def _missing(path: Path) -> str:
+    if path.stem.startswith("compile_"):
+        return (f"*No results in `{path.name}` yet: `python -m trainopt.perf.bench compile --out "
+                f"docs/_data/{path.name}` writes them.*\n")
     if path.stem.startswith("bench_scaling"):
         return (f"*No results in `{path.name}` yet: `python -m trainopt.perf.bench scaling "
                 f"--out docs/_data/{path.name}` writes them.*\n")
