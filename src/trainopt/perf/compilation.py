@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from trainopt.models import GPT, gpt_config, synthetic_batch
-from trainopt.perf.bench.timer import spread, time_windows, warm_up
+from trainopt.perf.bench.timer import interleaved_windows, spread, warm_up
 from trainopt.perf.bench.results import Results, new_results
 from trainopt.perf.precision import Precision
 
@@ -164,10 +164,13 @@ def measure_compile(size: str = "tiny", device: str | torch.device = "cpu", batc
 
     Each variant trains its own copy of one model on one batch (AdamW, bf16 autocast on CUDA,
     fp32 on a CPU). A compiled variant's ``compile_s`` is the wall time of its first step
-    (tracing, compilation, and one step); its steady state is timed after a warm-up. The
+    (tracing, compilation, and one step); after a warm-up, all variants are timed in
+    interleaved windows. The
     ``speedup`` is eager's median step over the variant's; ``break_even_steps`` is how many
     steps the saving per step takes to pay the compile time back (``None`` if it never does).
-    ``peak_bytes`` is the CUDA peak of the variant's steps (``None`` on a CPU).
+    ``peak_bytes`` is the peak CUDA memory the variant adds over its first steps: its copy of
+    the model, its optimizer state, its activations and, with CUDA graphs, their memory pool
+    (``None`` on a CPU).
 
     Example:
         >>> from trainopt.perf.compilation import measure_compile
@@ -190,22 +193,26 @@ def measure_compile(size: str = "tiny", device: str | torch.device = "cpu", batc
     results = new_results("compile", device, command=command, note=note, size=size, batch_size=batch_size,
                           seq_len=seq_len, backend=backend, steps_per_window=steps, windows=windows)
     rows: list[dict[str, Any]] = []
+    steps_by_mode: dict[str, Callable[[], None]] = {}
+    torch._dynamo.reset()
     for mode in ("eager", *modes):
-        torch._dynamo.reset()
+        held = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         model = copy.deepcopy(base)
         if mode != "eager":
             model = torch.compile(model, backend=backend, **({"mode": mode} if backend == "inductor" else {}))
-        step = _train_step(model, precision, x, y)
+        step = steps_by_mode[mode] = _train_step(model, precision, x, y)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         first = _timed_first_step(step, device)
         warm_up(step, device, min_steps=warmup_steps, window=steps, max_steps=max_warmup_steps)
-        times = time_windows(step, device, steps, windows)
-        rows.append({"mode": mode, "compile_s": None if mode == "eager" else first, "step_s": spread(times),
+        rows.append({"mode": mode, "compile_s": None if mode == "eager" else first,
                      "graphs": 0 if mode == "eager" else report.graphs,
                      "graph_breaks": 0 if mode == "eager" else report.graph_breaks,
-                     "peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None})
-        del model, step
+                     "peak_bytes": torch.cuda.max_memory_allocated(device) - held if device.type == "cuda" else None})
+    # interleaved windows: a change in the machine's load hits every variant alike
+    times = interleaved_windows(steps_by_mode, device, steps, windows)
+    for row in rows:
+        row["step_s"] = spread(times[row["mode"]])
     eager = rows[0]["step_s"]["median"]
     for row in rows:
         row["speedup"] = eager / row["step_s"]["median"]
