@@ -14,11 +14,15 @@ import argparse
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn, TextIO
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
 
 from trainopt.config.errors import ConfigError
 
-__all__ = ["ArgumentParser", "UsageError", "error_line", "positive_int", "run_command"]
+__all__ = [
+    "ArgumentParser", "UsageError", "device", "error_line", "output_file", "output_folder", "plain_text",
+    "positive_int", "run_command",
+]
 
 
 class UsageError(Exception):
@@ -72,8 +76,121 @@ class ArgumentParser(argparse.ArgumentParser):
         --steps: invalid int value: 'ten'
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("description"):
+            kwargs["description"] = plain_text(kwargs["description"])
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        if isinstance(kwargs.get("help"), str):
+            kwargs["help"] = plain_text(kwargs["help"])
+        return super().add_argument(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         raise _from_argparse(message)
+
+
+ROLE = re.compile(r":(?:py:)?[a-z]+:`~?(?:[\w.]*\.)?([^`.]+)`")
+LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain_text(text: str) -> str:
+    """Help text as a terminal shows it: reST roles and double-backquoted literals become plain.
+
+    Example:
+        >>> from trainopt.config.cli import plain_text
+        >>> plain_text("``python -m trainopt.data [NAME]``: see :func:`~trainopt.data.path`")
+        'python -m trainopt.data [NAME]: see path'
+    """
+    return LITERAL.sub(r"\1", ROLE.sub(r"\1", text))
+
+
+def output_file(text: str) -> Path:
+    """An argparse ``type`` for a file a command writes: not a folder, and not below a file.
+
+    Checked when the arguments are read, so the mistake is reported before any work starts.
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from trainopt.config.cli import ArgumentParser, UsageError, output_file
+        >>> parser = ArgumentParser(prog="demo")
+        >>> _ = parser.add_argument("--out", type=output_file)
+        >>> blocker = Path(tempfile.mkdtemp()) / "notes.txt"
+        >>> _ = blocker.write_text("a file")
+        >>> try:
+        ...     parser.parse_args(["--out", str(blocker / "results.json")])
+        ... except UsageError as error:
+        ...     print(str(error).replace(str(blocker.parent), "..."))
+        --out: .../notes.txt is a file, so .../notes.txt/results.json cannot be written below it
+    """
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a folder: give a file name")
+    _nothing_in_the_way(path)
+    return path
+
+
+def output_folder(text: str) -> Path:
+    """An argparse ``type`` for a folder a command writes into (created if missing): not a file.
+
+    Example:
+        >>> import tempfile
+        >>> from trainopt.config.cli import ArgumentParser, UsageError, output_folder
+        >>> parser = ArgumentParser(prog="demo")
+        >>> _ = parser.add_argument("--out", type=output_folder)
+        >>> with tempfile.NamedTemporaryFile() as existing:
+        ...     try:
+        ...         parser.parse_args(["--out", existing.name])
+        ...     except UsageError as error:
+        ...         print(str(error).endswith("is a file; give a folder (it is created if missing)"))
+        True
+    """
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a file; give a folder (it is created if missing)")
+    _nothing_in_the_way(path)
+    return path
+
+
+def _nothing_in_the_way(path: Path) -> None:
+    blocked = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
+    if blocked is not None:
+        raise argparse.ArgumentTypeError(f"{blocked} is a file, so {path} cannot be written below it")
+
+
+def device(text: str) -> str:
+    """An argparse ``type`` for ``--device``: ``cpu``, ``cuda`` or ``cuda:N``, checked against this machine.
+
+    Example:
+        >>> from trainopt.config.cli import ArgumentParser, UsageError, device
+        >>> parser = ArgumentParser(prog="demo")
+        >>> _ = parser.add_argument("--device", type=device, default="cpu")
+        >>> parser.parse_args(["--device", "cpu"]).device
+        'cpu'
+        >>> try:
+        ...     parser.parse_args(["--device", "tpu"])
+        ... except UsageError as error:
+        ...     print(error)
+        --device: 'tpu' is not a device; give cpu, cuda or cuda:N
+    """
+    import torch
+
+    allowed = "give cpu, cuda or cuda:N"
+    try:
+        parsed = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device; {allowed}") from None
+    if parsed.type == "cpu":
+        return "cpu"
+    if parsed.type != "cuda":
+        raise argparse.ArgumentTypeError(f"{text!r} is not supported; {allowed}")
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise argparse.ArgumentTypeError(f"{text} is not available: this machine has no CUDA device; give cpu")
+    if parsed.index is not None and parsed.index >= count:
+        raise argparse.ArgumentTypeError(f"{text} is not a device here: this machine has {count} CUDA device(s)")
+    return str(parsed)
 
 
 def positive_int(text: str) -> int:

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainopt.config.cli import ArgumentParser, positive_int, run_command
+from trainopt.config.cli import ArgumentParser, device, output_folder, positive_int, run_command
 from trainopt.models import digits_data, digits_mlp
 
 FAULTS = (
@@ -231,10 +231,11 @@ def main(argv: list[str] | None = None) -> None:
         wrote .../plateau.jsonl
     """
     parser = ArgumentParser(prog="python -m trainopt.diagnostics.runs", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="directory for <fault>.jsonl files")
-    parser.add_argument("--steps", type=positive_int, default=300)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--faults", nargs="*", default=list(FAULTS), choices=FAULTS)
+    parser.add_argument("--out", type=output_folder, required=True, help="folder for the <fault>.jsonl files")
+    parser.add_argument("--steps", type=positive_int, default=300, help="training steps of each run (default 300)")
+    parser.add_argument("--device", type=device, default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    parser.add_argument("--faults", nargs="*", default=list(FAULTS), choices=FAULTS, metavar="FAULT",
+                        help=f"the runs to record (default: all): {', '.join(FAULTS)}")
     args = parser.parse_args(argv)
     for fault in args.faults:
         path = write_jsonl(record_run(fault, steps=args.steps, device=args.device), Path(args.out) / f"{fault}.jsonl")
