@@ -1,0 +1,316 @@
+"""The stabilizer's update as an optimizer: for training loops that someone else owns.
+
+A framework (the Hugging Face ``Trainer``, Lightning, Accelerate) runs the forward and backward
+passes, clips, and then calls ``optimizer.step()`` and ``scheduler.step()``. :class:`GuardedOptimizer`
+is that optimizer: its :meth:`~GuardedOptimizer.step` is the second half of
+:meth:`TrainingStabilizer.step <trainopt.stability.stabilizer.TrainingStabilizer.step>`, with no
+host sync between boundaries:
+
+1. the monitors of a :class:`~trainopt.stability.checker.StabilityChecker` read the loss (given to
+   :meth:`~GuardedOptimizer.observe`, or returned by the closure the framework passes) and the
+   gradients, and return the flag agreed over the ranks;
+2. optionally, clipping by the norm the monitor already measured (``max_grad_norm``; leave it
+   ``None`` when the framework clips);
+3. the wrapped optimizer's step, skipped on the device when flagged
+   (:func:`~trainopt.stability.skip.fused_step` or :func:`~trainopt.stability.skip.masked_step`);
+4. the learning rate of the window's applied-step count
+   (:class:`~trainopt.stability.schedule_window.ScheduleWindow`): a skipped step consumes no
+   schedule position. The framework steps :attr:`GuardedOptimizer.scheduler`, whose ``step()`` does
+   nothing; the guard steps the real scheduler once per applied step at each boundary;
+5. every ``check_every`` steps, a boundary on the host: the report, and with ``checkpoint_dir`` a
+   rollback with a learning-rate cut (:class:`~trainopt.stability.recovery.TrainingRecovery`) or a
+   checkpoint of the stable state to roll back to.
+
+The guard's state (counters, monitor windows, the window's applied count) travels inside
+``state_dict()``, so the framework's own checkpoint (``optimizer.pt`` of the ``Trainer``,
+Lightning's ``.ckpt``, ``accelerator.save_state``) resumes it, mid-window included.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainopt.stability.checker import StabilityChecker
+from trainopt.stability.checkpoint import CheckpointManager
+from trainopt.stability.clipping import clip_grads_with_norm_
+from trainopt.stability.distributed import barrier, broadcast_from_rank0, is_main_process
+from trainopt.stability.gradients import GradientMonitor
+from trainopt.stability.monitors import LossStabilityMonitor
+from trainopt.stability.optimizers import check_no_step_hooks, check_skippable, skips_in_kernel
+from trainopt.stability.recovery import TrainingRecovery
+from trainopt.stability.schedule_window import ScheduleWindow
+from trainopt.stability.skip import fused_step, masked_step
+
+__all__ = ["GuardedOptimizer", "WindowScheduler"]
+
+
+class WindowScheduler(torch.optim.lr_scheduler.LRScheduler):
+    """What the framework steps: ``step()`` does nothing, the guard steps the real scheduler.
+
+    It is a ``LRScheduler`` (Lightning checks), drives the :class:`GuardedOptimizer` (Lightning
+    checks that too), and saves and loads the real scheduler's state, so the framework's
+    checkpoint holds the schedule.
+
+    Example:
+        >>> import torch
+        >>> from trainopt.stability.integrations import GuardedOptimizer
+        >>> w = torch.nn.Parameter(torch.zeros(2))
+        >>> opt = torch.optim.SGD([w], lr=1.0)
+        >>> guarded = GuardedOptimizer(opt, torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5))
+        >>> guarded.scheduler.step()  # the framework's call: the position is the guard's business
+        >>> guarded.scheduler.get_last_lr()
+        [1.0]
+    """
+
+    def __init__(self, guarded: GuardedOptimizer, scheduler: Any) -> None:  # noqa: D107 - no super(): it would step
+        self.optimizer = guarded
+        self.scheduler = scheduler
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing: the real scheduler moves at each boundary, once per applied step."""
+
+    def get_last_lr(self) -> list[float]:
+        """The real scheduler's last rates (as of the last boundary)."""
+        if self.scheduler is None:
+            return [float(g["lr"]) for g in self.optimizer.param_groups]
+        return self.scheduler.get_last_lr()
+
+    @property
+    def last_epoch(self) -> int:
+        """The real scheduler's position: the applied steps up to the last boundary."""
+        return -1 if self.scheduler is None else self.scheduler.last_epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The real scheduler's state (empty without one)."""
+        return {} if self.scheduler is None else self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load the real scheduler's state; the guard reopens its window at the next step."""
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state_dict)
+        if self.optimizer._reopen is False:
+            self.optimizer._reopen = True
+
+
+class _Trajectory:
+    """The guard's monitors in a rollback checkpoint (the counters keep going on a rollback)."""
+
+    def __init__(self, guard: GuardedOptimizer) -> None:
+        self.guard = guard
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"checker": self.guard.checker.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.guard.checker.load_state_dict(state["checker"])
+
+
+class GuardedOptimizer(torch.optim.Optimizer):
+    """An optimizer whose ``step()`` is the stabilizer's guarded update (see the module notes).
+
+    Args:
+        optimizer: The optimizer to guard (one that
+            :func:`~trainopt.stability.optimizers.check_skippable` accepts, with no step hooks).
+        scheduler: Its learning-rate scheduler, or ``None``. Give the framework
+            :attr:`scheduler` (a :class:`WindowScheduler`) instead of this one.
+        model: The model; needed with ``checkpoint_dir`` (a rollback restores it).
+        check_every: Steps between boundaries (host reads).
+        max_grad_norm: Clip by the monitor's norm, or ``None`` (when the framework clips).
+        skip_unstable: Also skip loss spikes and gradient explosions (non-finite ones always).
+        spike_factor, explosion_factor, window_size, min_history: The monitors' settings, as in
+            :class:`~trainopt.stability.stabilizer.TrainingStabilizer`.
+        checkpoint_dir: Where the guard saves the stable states it rolls back to; ``None``: no
+            rollback (bad steps are still skipped).
+        save_every, keep_last, lr_factor, max_rollbacks, patience: The rollback's settings, as in
+            :class:`~trainopt.stability.stabilizer.TrainingStabilizer`.
+        process_group: The ranks that agree (``None``: the default group when initialised).
+
+    Example:
+        >>> import torch
+        >>> from trainopt.stability.integrations import GuardedOptimizer
+        >>> model = torch.nn.Linear(4, 1)
+        >>> guarded = GuardedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True), check_every=10)
+        >>> before = model.weight.detach().clone()
+        >>> loss = model(torch.randn(8, 4)).sum() * float("nan")
+        >>> loss.backward()
+        >>> _ = guarded.step(lambda: loss)  # the closure returns the loss; NaN: skipped on the device
+        >>> torch.equal(model.weight, before)
+        True
+    """
+
+    def __init__(  # noqa: PLR0913 - the stabilizer's settings, each with a default
+        self, optimizer: torch.optim.Optimizer, scheduler: Any = None, *, model: torch.nn.Module | None = None,
+        check_every: int = 100, max_grad_norm: float | None = None, skip_unstable: bool = True,
+        spike_factor: float = 4.0, explosion_factor: float = 6.0, window_size: int = 100, min_history: int = 20,
+        checkpoint_dir: str | Path | None = None, save_every: int | None = None, keep_last: int | None = 3,
+        lr_factor: float = 0.5, max_rollbacks: int = 3, patience: int = 10, process_group: Any = None,
+    ) -> None:
+        check_skippable(optimizer)
+        check_no_step_hooks(optimizer)
+        if not isinstance(check_every, int) or isinstance(check_every, bool) or check_every < 1:
+            raise ValueError(f"check_every must be a positive int, got {check_every=}")
+        if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
+            raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm=}")
+        if scheduler is not None and getattr(scheduler, "optimizer", optimizer) is not optimizer:
+            raise ValueError(f"scheduler {type(scheduler).__name__} drives another optimizer than the one guarded")
+        if checkpoint_dir is not None and model is None:
+            raise ValueError("checkpoint_dir= needs model= (a rollback restores the model)")
+        self.optimizer, self.model = optimizer, model
+        self.param_groups, self.state, self.defaults = optimizer.param_groups, optimizer.state, optimizer.defaults
+        self.check_every, self.max_grad_norm, self.skip_unstable = check_every, max_grad_norm, skip_unstable
+        self.process_group = process_group
+        self.checker = StabilityChecker(
+            optimizer, LossStabilityMonitor(window_size, spike_factor, check_every, min_history),
+            GradientMonitor(optimizer, window_size, explosion_factor, min_history, check_every),
+            check_every=check_every, process_group=process_group)
+        self.window = ScheduleWindow([(optimizer, scheduler)], check_every)
+        self.window.check()
+        self.scheduler = WindowScheduler(self, scheduler)
+        self.recovery, self.save_every = None, save_every or check_every
+        if checkpoint_dir is not None:
+            manager = CheckpointManager(checkpoint_dir, save_frequency=save_every or check_every, keep_last=keep_last)
+            self.recovery = TrainingRecovery(model, optimizer, manager, scheduler=scheduler, lr_factor=lr_factor,
+                                             max_recovery_attempts=max_rollbacks, patience=patience)
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.fused = skips_in_kernel(optimizer)
+        self.steps = 0  # guarded steps (applied or skipped); a boundary every check_every
+        self.total_skipped = 0  # read at the boundaries
+        self.last_save: int | None = None
+        self.last_report: dict[str, Any] | None = None
+        self.reports: list[dict[str, Any]] = []
+        self._loss_sum: torch.Tensor | None = None
+        self._loss_count = 0
+        self._reopen: bool | torch.Tensor = False
+
+    def observe(self, loss: torch.Tensor) -> None:
+        """Record a micro-batch's loss (device only); the next :meth:`step` monitors their mean."""
+        loss = loss.detach().float().reshape(())
+        self._loss_sum = loss if self._loss_count == 0 else self._loss_sum + loss
+        self._loss_count += 1
+
+    def watch(self, model: torch.nn.Module) -> Any:
+        """Observe ``model(...).loss`` of every training forward pass; returns the hook's handle."""
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+            if module.training and torch.is_grad_enabled() and torch.is_tensor(loss):
+                self.observe(loss)
+        return model.register_forward_hook(hook)
+
+    def _prepare(self) -> None:
+        """Before a step: reopen the window after a load, save the first rollback target."""
+        if self._reopen is not False:
+            applied = self._reopen
+            self.window.reopen()
+            if torch.is_tensor(applied):
+                self.window.applied_steps.copy_(applied.to(self.window.applied_steps.device))
+            self._reopen = False
+        if self.recovery is not None and self.last_save is None:
+            self._save(math.inf)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> torch.Tensor:  # type: ignore[override]
+        """The guarded update; ``closure`` (if given) runs first and returns the loss. Returns the loss."""
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+            if loss is not None:
+                self.observe(loss)
+        if self._loss_count == 0:
+            raise RuntimeError("GuardedOptimizer.step() has no loss to monitor: call observe(loss) after the "
+                               "backward pass, pass a closure that returns it, or watch(model)")
+        loss = self._loss_sum if self._loss_count == 1 else self._loss_sum / self._loss_count
+        self._loss_sum, self._loss_count = None, 0
+        self._prepare()
+        flag = self.checker.update(loss)
+        skip = flag if self.skip_unstable else self.checker.nonfinite_grads
+        if self.max_grad_norm is not None:
+            clip_grads_with_norm_(self.params, self.max_grad_norm, self.checker.last_grad_norm)
+        found_inf = skip.to(torch.float32)
+        with self.window.applied():
+            (fused_step if self.fused else masked_step)(self.optimizer, found_inf)
+        self.window.count(skip)
+        self.steps += 1
+        if self.steps % self.check_every == 0:
+            self.check()
+        return loss
+
+    def check(self) -> dict[str, Any]:
+        """The boundary: read the report, step the schedule, roll back or save. Every rank calls it."""
+        report = self.checker.check()
+        since = self.steps % self.check_every or self.check_every
+        applied = self.window.close()
+        report.update(step=self.steps, skipped_steps=since - applied, recovered=None)
+        self.total_skipped += since - applied
+        reason = self.recovery.check(report) if self.recovery is not None else None
+        if reason is not None:
+            manager = self.recovery.checkpoint_manager
+            path = broadcast_from_rank0(manager.latest_path(), self.process_group)
+            self.recovery.recover(reason, path=path, extra={"guard": _Trajectory(self)})
+            self.window.reopen()
+            report["recovered"] = reason
+        elif report["is_stable"]:
+            self.checker.accept(report)
+            due = self.recovery is not None and self.steps - (self.last_save or 0) >= self.save_every
+            if due:
+                self._save(report["loss"]["median"])
+        self.last_report = report
+        self.reports.append(report)
+        return report
+
+    def _save(self, loss: float) -> None:
+        self.last_save = self.steps
+        if is_main_process(self.process_group):
+            self.recovery.checkpoint_manager.save_checkpoint(
+                self.model, self.optimizer, self.steps, loss if math.isfinite(loss) else math.inf,
+                scheduler=self.scheduler.scheduler, extra={"guard": _Trajectory(self), "recovery": self.recovery})
+        barrier(self.process_group)
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped up to the last boundary."""
+        return self.total_skipped
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The wrapped optimizer's ``zero_grad``."""
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Refused: the monitors and the window are built for the groups at hand."""
+        raise TypeError("add a param group to the optimizer before guarding it")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state plus the guard's, under ``"trainopt"`` (``weights_only`` loads it)."""
+        guard = {"steps": self.steps, "total_skipped": self.total_skipped, "checker": self.checker.state_dict(),
+                 "applied": self.window.applied_steps.detach().clone(),
+                 "last_save": -1 if self.last_save is None else self.last_save}
+        if self.recovery is not None:
+            guard["recovery"] = self.recovery.state_dict()
+        return {**self.optimizer.state_dict(), "trainopt": guard}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load both; the window reopens at the next step with the saved applied count."""
+        state_dict = dict(state_dict)
+        guard = state_dict.pop("trainopt", None)
+        if guard is None:
+            raise KeyError("this optimizer state was not saved by a GuardedOptimizer (no 'trainopt' entry)")
+        self.optimizer.load_state_dict(state_dict)
+        self.param_groups, self.state = self.optimizer.param_groups, self.optimizer.state
+        self.checker.load_state_dict(guard["checker"])
+        self.steps, self.total_skipped = int(guard["steps"]), int(guard["total_skipped"])
+        self.last_save = None if int(guard["last_save"]) < 0 else int(guard["last_save"])
+        if self.recovery is not None and "recovery" in guard:
+            self.recovery.load_state_dict(guard["recovery"])
+        self._reopen = guard["applied"].detach().clone()
+
+    def __repr__(self) -> str:
+        return f"GuardedOptimizer({self.optimizer!r}, check_every={self.check_every})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)

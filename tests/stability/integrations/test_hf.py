@@ -1,0 +1,48 @@
+"""trainopt inside the Hugging Face Trainer: equal runs, a NaN batch as if removed, no added sync, bitwise resume, 2 ranks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="needs trainopt[hf]")
+
+from trainopt.perf.distributed.processes import launch  # noqa: E402
+from trainopt.stability.integrations.checks import hf_run, rank_run  # noqa: E402
+
+
+TOLERANCE = 1e-6  # a rate that changes inside a window reaches the optimizer as a float32 tensor
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return float((a["weights"] - b["weights"]).abs().max())
+
+
+def test_with_nothing_to_skip_the_run_equals_the_plain_run(tmp_path) -> None:
+    plain, guarded = hf_run(str(tmp_path / "a"), None), hf_run(str(tmp_path / "b"), {"check_every": 4})
+    assert max_diff(plain, guarded) <= TOLERANCE and guarded["skipped"] == 0
+
+
+def test_a_nan_batch_is_as_if_removed_from_the_data(tmp_path) -> None:
+    guarded = hf_run(str(tmp_path / "a"), {"check_every": 4}, n_batches=13, nan_batch=5)
+    removed = hf_run(str(tmp_path / "b"), None, n_batches=13, drop_batch=5)
+    assert guarded["skipped"] == 1 and max_diff(guarded, removed) <= TOLERANCE
+
+
+def test_trainopt_adds_no_host_sync_per_step(tmp_path) -> None:
+    """In steady state (no boundary), the same count per step as without trainopt: the Trainer's own 3 per step (its NaN filter on the logged loss)."""
+    plain = hf_run(str(tmp_path / "a"), None, count_syncs=True)["syncs"]
+    guarded = hf_run(str(tmp_path / "b"), {"check_every": 100}, count_syncs=True)["syncs"]
+    assert len(guarded) >= 10 and guarded == plain
+
+
+def test_resuming_from_the_frameworks_checkpoint_continues_bitwise(tmp_path) -> None:
+    full = hf_run(str(tmp_path), {"check_every": 4}, nan_batch=2, save_steps=5)  # checkpoint-5: mid-window
+    resumed = hf_run(str(tmp_path), {"check_every": 4}, nan_batch=2, resume=str(tmp_path / "checkpoint-5"))
+    assert torch.equal(full["weights"], resumed["weights"]) and resumed["skipped"] == full["skipped"] == 1
+
+
+def test_two_gloo_ranks_agree_when_one_rank_sees_a_nan_batch(tmp_path) -> None:
+    ranks = launch(rank_run, 2, "hf", str(tmp_path), backend="gloo", timeout=150, collective_timeout=30)
+    assert torch.equal(ranks[0]["weights"], ranks[1]["weights"]) and torch.isfinite(ranks[0]["weights"]).all()
+    assert ranks[0]["skipped"] == ranks[1]["skipped"] >= 1
