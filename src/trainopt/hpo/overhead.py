@@ -205,16 +205,17 @@ def build_parser() -> argparse.ArgumentParser:
         >>> args.trials, args.repeats, args.postgres
         ([200, 1000], 3, None)
     """
-    from trainopt.config.cli import ArgumentParser, positive_int
+    from trainopt.config.cli import ArgumentParser, output_file, output_folder, positive_int
 
     parser = ArgumentParser(prog="python -m trainopt.hpo.overhead", description=__doc__.split("\n")[0])
-    parser.add_argument("--trials", type=positive_int, nargs="+", default=[200, 1000], help="study sizes")
+    parser.add_argument("--trials", type=positive_int, nargs="+", default=[200, 1000],
+                        help="study sizes in trials (default 200 1000)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="runs of each side per size (median)")
-    parser.add_argument("--dir", type=Path, help="folder of the SQLite files (default: a new temporary one)")
+    parser.add_argument("--dir", type=output_folder, help="folder of the SQLite files (default: a new temporary one)")
     parser.add_argument("--postgres", help="a PostgreSQL URL to measure too (default: $TRAINOPT_POSTGRES_URL)",
                         default=os.environ.get("TRAINOPT_POSTGRES_URL") or None)
     parser.add_argument("--note", help="recorded with the results")
-    parser.add_argument("--out", type=Path, required=True, help="results JSON file to write")
+    parser.add_argument("--out", type=output_file, required=True, help="results JSON file to write")
     return parser
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from trainopt.config.cli import ArgumentParser, run_command
+from trainopt.config.cli import ArgumentParser, output_file, run_command
 from trainopt.schedules.adapters import cosine_annealing_schedule
 from trainopt.stability.corpus_runs import build_task
 from trainopt.stability.recovery import TrainingInstabilityError
@@ -308,7 +308,7 @@ def _provenance() -> dict[str, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure both corpora and write the results as JSON (the stability page renders them)."""
     parser = ArgumentParser(prog="python -m trainopt.stability.corpus", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="the JSON file to write")
+    parser.add_argument("--out", type=output_file, required=True, help="the JSON file to write")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     results = {**measure(), "made": _provenance()}

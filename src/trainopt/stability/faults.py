@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainopt.config.cli import ArgumentParser, positive_int, run_command
+from trainopt.config.cli import ArgumentParser, output_file, positive_int, run_command
 from trainopt.models import digits_data, digits_mlp
 from trainopt.schedules.adapters import cosine_annealing_schedule
 from trainopt.stability.recovery import TrainingRecovery
@@ -249,8 +249,8 @@ def build_parser() -> ArgumentParser:
     """
     parser = ArgumentParser(prog="python -m trainopt.stability.faults",
                                      description="Train the digits MLP clean and with injected faults; write JSON.")
-    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    parser.add_argument("--steps", type=positive_int, default=200)
+    parser.add_argument("--out", type=output_file, required=True, help="JSON file to write")
+    parser.add_argument("--steps", type=positive_int, default=200, help="training steps of each run (default 200)")
     return parser
 
 

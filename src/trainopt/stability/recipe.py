@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from trainopt.config.cli import ArgumentParser, UsageError, positive_int, run_command
+from trainopt.config.cli import ArgumentParser, UsageError, output_file, output_folder, positive_int, run_command
 from trainopt.models import digits_data, digits_mlp
 from trainopt.schedules.adapters import cosine_annealing_schedule
 from trainopt.stability.checkpoint import _atomic_write
@@ -138,11 +138,11 @@ def build_parser() -> ArgumentParser:
         (50, 10, 'w.pt')
     """
     parser = ArgumentParser(prog="python -m trainopt.stability.recipe", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint-dir", type=Path, required=True, help="checkpoints: read to resume, written")
+    parser.add_argument("--checkpoint-dir", type=output_folder, required=True, help="checkpoints: read to resume, written")
     parser.add_argument("--steps", type=positive_int, required=True, help="training steps of the whole run")
     parser.add_argument("--check-every", type=positive_int, default=10,
                         help="steps between boundaries: checks, checkpoints, rollbacks (default 10)")
-    parser.add_argument("--out", type=Path, required=True, help="where to torch.save the final state_dict")
+    parser.add_argument("--out", type=output_file, required=True, help="where to torch.save the final state_dict")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the data order")
     parser.add_argument("--faults", action="store_true", help="inject a NaN loss, a loss spike, bad weights")
     parser.add_argument("--deterministic", action="store_true",

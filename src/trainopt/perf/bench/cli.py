@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from trainopt.config.cli import ArgumentParser, UsageError, positive_int
+from trainopt.config.cli import ArgumentParser, UsageError, output_file, output_folder, positive_int
 from trainopt.models import GPT_PRESETS
 from trainopt.perf.bench import compare, experiments, scaling, stability
 from trainopt.perf.bench.arguments import at_least_two, fraction, non_negative_int, peak_tflops, positive_float
@@ -102,26 +102,29 @@ def build_parser() -> ArgumentParser:
         p.add_argument("--note", default=None, help="recorded with the results, e.g. 'a shared 2-core VM'")
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
         if out:
-            p.add_argument("--out", type=Path, required=True, help="results JSON file to write")
+            p.add_argument("--out", type=output_file, required=True, help="results JSON file to write")
 
     def model(p: argparse.ArgumentParser, size: str | None = "tiny") -> None:
-        p.add_argument("--size", choices=SIZES, default=size)
-        p.add_argument("--batch-size", type=positive_int, default=None)
+        p.add_argument("--size", choices=SIZES, default=size, help="model preset")
+        p.add_argument("--batch-size", type=positive_int, default=None, help="sequences per step (default: the preset's)")
         p.add_argument("--seq-len", type=non_negative_int, default=0, help="0: the preset's block size")
 
     def timing(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--compile-backend", choices=COMPILE_BACKENDS, default="inductor")
+        p.add_argument("--compile-backend", choices=COMPILE_BACKENDS, default="inductor", help="torch.compile backend")
         p.add_argument("--profile-steps", type=non_negative_int, default=0, help="profile steps per configuration")
         p.add_argument("--time-budget", type=positive_float, default=None, help="seconds; stop starting configurations")
 
     m = sub.add_parser("matrix", help="vary one field at a time around a base configuration")
     for add in (common, model, timing):
         add(m)
-    m.add_argument("--precision", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
-    m.add_argument("--checkpointing", nargs="+", choices=["off", "on"], default=["off", "on"])
-    m.add_argument("--compile", nargs="+", choices=COMPILE_MODES, default=["none", "default"])
-    m.add_argument("--optimizer", nargs="+", choices=OPTIMIZERS, default=list(OPTIMIZERS))
-    m.add_argument("--attention", nargs="+", choices=ATTENTION_BACKENDS, default=["auto"])
+    m.add_argument("--precision", nargs="+", choices=PRECISIONS, default=list(PRECISIONS), help="precisions to time")
+    m.add_argument("--checkpointing", nargs="+", choices=["off", "on"], default=["off", "on"],
+                   help="activation checkpointing off, on, or both")
+    m.add_argument("--compile", nargs="+", choices=COMPILE_MODES, default=["none", "default"],
+                   help="torch.compile modes to time")
+    m.add_argument("--optimizer", nargs="+", choices=OPTIMIZERS, default=list(OPTIMIZERS), help="optimizers to time")
+    m.add_argument("--attention", nargs="+", choices=ATTENTION_BACKENDS, default=["auto"],
+                   help="attention backends to time")
     m.add_argument("--grid", action="store_true", help="every combination instead of one field at a time")
 
     r = sub.add_parser("recipe", help="the plain PyTorch loop against the project's recipe")
@@ -132,21 +135,21 @@ def build_parser() -> ArgumentParser:
     s = sub.add_parser("stability", help="the stability stack's cost per step and its host syncs")
     common(s)
     model(s, size=None)
-    s.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    s.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="autocast dtype of the model")
     s.add_argument("--compile", action="store_true", help="compile the model")
-    s.add_argument("--compile-backend", choices=COMPILE_BACKENDS, default="inductor")
+    s.add_argument("--compile-backend", choices=COMPILE_BACKENDS, default="inductor", help="torch.compile backend")
     s.add_argument("--check-every", type=positive_int, default=100, help="the stabilizer's boundary interval")
 
     e = sub.add_parser("experiments", help="precision, memory, checkpointing and profile of one model")
     common(e)
     model(e, size="124m")
-    e.add_argument("--snapshot", type=Path, default=None, help="also write a CUDA memory snapshot (CUDA only)")
+    e.add_argument("--snapshot", type=output_file, default=None, help="also write a CUDA memory snapshot (CUDA only)")
 
     a = sub.add_parser("all", help="every results file of the pages, for one preset")
     common(a, out=False)
     timing(a)
-    a.add_argument("--preset", choices=["cpu", "h100"], required=True)
-    a.add_argument("--out-dir", type=Path, required=True, help="folder of the results files")
+    a.add_argument("--preset", choices=["cpu", "h100"], required=True, help="the suite of a CPU or of an H100")
+    a.add_argument("--out-dir", type=output_folder, required=True, help="folder of the results files")
     a.add_argument("--size", choices=SIZES, default=None, help="replace every model size (a quick try)")
     a.add_argument("--batch-size", type=positive_int, default=None, help="replace every batch size")
     a.set_defaults(time_budget=ALL_TIME_BUDGET_S, profile_steps=2)
@@ -160,20 +163,20 @@ def build_parser() -> ArgumentParser:
     k = sub.add_parser("compile", help="compile time and steady-state speed-up of torch.compile modes")
     common(k)
     model(k)
-    k.add_argument("--modes", nargs="+", choices=COMPILE_MODES[1:], default=["default"])
-    k.add_argument("--compile-backend", choices=COMPILE_BACKENDS, default="inductor")
+    k.add_argument("--modes", nargs="+", choices=COMPILE_MODES[1:], default=["default"], help="torch.compile modes")
+    k.add_argument("--compile-backend", choices=COMPILE_BACKENDS, default="inductor", help="torch.compile backend")
 
     g = sub.add_parser("scaling", help="throughput of 1 and N gloo processes on a CPU (stand-ins for GPUs)")
     g.add_argument("--processes", type=at_least_two, default=2, help="N, the processes of the parallel run")
-    g.add_argument("--size", choices=SIZES, default="tiny")
+    g.add_argument("--size", choices=SIZES, default="tiny", help="model preset")
     g.add_argument("--batch-size", type=positive_int, default=8, help="sequences per process and step")
-    g.add_argument("--seq-len", type=positive_int, default=64)
+    g.add_argument("--seq-len", type=positive_int, default=64, help="tokens per sequence")
     g.add_argument("--steps", type=positive_int, default=5, help="steps per timed window")
     g.add_argument("--windows", type=at_least_two, default=10, help="timed windows of each process count")
     g.add_argument("--max-warmup", type=at_least_two, default=20, help="warm-up windows at most")
     g.add_argument("--threads", type=positive_int, default=1, help="torch threads per process")
     g.add_argument("--note", default=None, help="recorded with the results")
-    g.add_argument("--out", type=Path, required=True, help="results JSON file to write")
+    g.add_argument("--out", type=output_file, required=True, help="results JSON file to write")
     return parser
 
 
