@@ -5,7 +5,8 @@
 - :mod:`~trainopt.perf.memory`, :mod:`~trainopt.perf.estimate`, :mod:`~trainopt.perf.peak` and
   :mod:`~trainopt.perf.cross_entropy`: activation checkpointing, memory per phase, snapshots, the
   memory estimate, the peak of a step measured on any device, and the chunked cross-entropy
-  (memory page).
+  (memory page); :mod:`~trainopt.perf.traced_estimate`: the estimate of any model, traced on fake
+  tensors.
 - :mod:`~trainopt.perf.profiling`: torch.profiler and step timing (profiling page).
 - :mod:`~trainopt.perf.throughput`: tokens/s, step-time percentiles, MFU and alerts (monitoring page).
 - :mod:`trainopt.perf.distributed`: DDP, FSDP2, rank agreement and the distributed page's checks.
@@ -54,6 +55,7 @@ from trainopt.perf.profiling import (
     summarize,
 )
 from trainopt.perf.rounding import stochastic_round_to_bf16
+from trainopt.perf.traced_estimate import estimate_step_memory
 from trainopt.perf.throughput import (
     MemoryNearLimitAlert,
     ThroughputDropAlert,
@@ -66,7 +68,8 @@ __all__ = [
     "PRECISIONS", "LiveStorageTracker", "MatmulSettings", "MemoryEstimate", "MemoryNearLimitAlert",
     "MemoryTracker", "PhaseMemory", "Precision", "PrecisionNotSupportedError", "StepProfiler", "StepTimer",
     "ThroughputDropAlert", "ThroughputMonitor", "allocator_settings", "apply_activation_checkpointing",
-    "bytes_per_parameter", "check_supported", "chunked_linear_cross_entropy", "clock_mark", "elapsed_ms", "estimate_training_memory",
+    "bytes_per_parameter", "check_supported", "chunked_linear_cross_entropy", "clock_mark", "elapsed_ms", "estimate_step_memory",
+    "estimate_training_memory",
     "expandable_segments_in_use", "gpt_activation_bytes", "make_scaler", "measure_peak_memory", "mfu", "native_bf16_supported",
     "optimizer_state_bytes",
     "percentile", "profile_steps", "read_jsonl", "record_memory_history", "remove_activation_checkpointing",

@@ -215,6 +215,9 @@ def estimate_training_memory(model: nn.Module, precision: str = "bf16", optimize
                              device: str | torch.device | None = None) -> MemoryEstimate:
     """Estimate the peak memory of a steady-state training step of a :class:`trainopt.models.GPT`.
 
+    A formula for this one model; for any other ``nn.Module``,
+    :func:`~trainopt.perf.traced_estimate.estimate_step_memory` traces a step on fake tensors.
+
     With ``n = batch_size · seq_len`` tokens, vocabulary ``V``, width ``h``, ``S`` the static
     bytes (weights, optimizer state, master weights), ``A`` the saved activations and ``c``
     the autocast weight copies (:func:`gpt_activation_bytes`), ``G`` the gradients and 16 bytes
@@ -257,6 +260,9 @@ def estimate_training_memory(model: nn.Module, precision: str = "bf16", optimize
         raise ValueError(f"implementation must be one of {list(OPTIMIZER_IMPLEMENTATIONS)}, got {implementation!r}")
     if not isinstance(checkpoint_every, int) or checkpoint_every < 0:
         raise ValueError(f"checkpoint_every must be a non-negative int, got {checkpoint_every=}")
+    if type(model).__name__ != "GPT" or not hasattr(model, "config"):
+        raise TypeError(f"estimate_training_memory counts the parts of trainopt.models.GPT, got a {type(model).__name__}; "
+                        "for any nn.Module use trainopt.perf.estimate_step_memory(model, example_batch, ...)")
     config = model.config
     seq_len = seq_len or config.block_size
     n, vocab, h = batch_size * seq_len, config.vocab_size, config.n_embd

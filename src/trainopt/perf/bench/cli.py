@@ -1,4 +1,4 @@
-"""``python -m trainopt.perf.bench {matrix,recipe,stability,experiments,all,compare,scaling,compile}``.
+"""``python -m trainopt.perf.bench {matrix,recipe,stability,experiments,all,compare,scaling,compile,estimate}``.
 
 - ``matrix``: vary one field at a time around a base configuration (the first value given for
   each field), or every combination with ``--grid``.
@@ -36,7 +36,7 @@ import torch
 
 from trainopt.config.cli import ArgumentParser, UsageError, output_file, output_folder, positive_int
 from trainopt.models import GPT_PRESETS
-from trainopt.perf.bench import compare, experiments, scaling, stability
+from trainopt.perf.bench import compare, estimates, experiments, scaling, stability
 from trainopt.perf.bench.arguments import at_least_two, fraction, non_negative_int, peak_tflops, positive_float
 from trainopt.perf.bench.configs import (
     ATTENTION_BACKENDS,
@@ -165,6 +165,12 @@ def build_parser() -> ArgumentParser:
     model(k)
     k.add_argument("--modes", nargs="+", choices=COMPILE_MODES[1:], default=["default"], help="torch.compile modes")
     k.add_argument("--compile-backend", choices=COMPILE_BACKENDS, default="inductor", help="torch.compile backend")
+
+    m = sub.add_parser("estimate", help="the memory estimate of five model families against the CPU peak")
+    m.add_argument("--families", nargs="+", choices=list(estimates.FAMILIES), default=None,
+                   help="default: every family whose packages are installed")
+    m.add_argument("--note", default=None, help="recorded with the results")
+    m.add_argument("--out", type=output_file, required=True, help="results JSON file to write")
 
     g = sub.add_parser("scaling", help="throughput of 1 and N gloo processes on a CPU (stand-ins for GPUs)")
     g.add_argument("--processes", type=at_least_two, default=2, help="N, the processes of the parallel run")
@@ -335,6 +341,13 @@ def _compile(args: argparse.Namespace, command: str) -> dict[str, Any]:
                            command=command, note=args.note)
 
 
+def _estimate(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    missing = [f for f in args.families or () if f not in estimates.available_families()]
+    if missing:
+        raise UsageError("--families", f"{missing[0]} needs {estimates.NEEDS[missing[0]]} (pip install 'trainopt[hf]')")
+    return estimates.run(args.families, command=command, note=args.note)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand, write its results file, print its tables; returns the exit status.
 
@@ -358,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_compare(args))
         return 0
     run = {"matrix": _matrix, "recipe": _recipe, "stability": _stability, "experiments": _experiments,
-           "all": _all, "scaling": _scaling, "compile": _compile}[args.command]
+           "all": _all, "scaling": _scaling, "compile": _compile, "estimate": _estimate}[args.command]
     results = run(args, command)
     if args.command != "all":
         write_results(results, args.out)

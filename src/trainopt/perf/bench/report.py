@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainopt.perf.bench.estimates import family_table
 from trainopt.perf.bench.mfu import PEAK_TFLOPS
 from trainopt.perf.bench.results import Results, hardware, label, read_results
 
@@ -313,6 +314,7 @@ PARTS: dict[str, dict[str, Callable[[Results], list[str]]]] = {
     "stability": {"overhead": _stability_overhead},
     "scaling": {"efficiency": _scaling_efficiency},
     "compile": {"speedup": _compile_speedup},
+    "estimate": {"families": family_table},
     "experiments": {"environment": _experiments_environment, "precision": _experiments_precision,
                     "estimate": _experiments_estimate, "checkpointing": _experiments_checkpointing,
                     "recommendation": _experiments_recommendation, "phases": _experiments_phases,
@@ -325,6 +327,8 @@ def _missing(path: Path) -> str:
     if path.stem.startswith("compile_"):
         return (f"*No results in `{path.name}` yet: `python -m trainopt.perf.bench compile --out "
                 f"docs/_data/{path.name}` writes them.*\n")
+    if path.stem.startswith("memory_estimate"):
+        return f"*No results in `{path.name}` yet: `python -m trainopt.perf.bench estimate --out docs/_data/{path.name}` writes them.*\n"
     if path.stem.startswith("bench_scaling"):
         return (f"*No results in `{path.name}` yet: `python -m trainopt.perf.bench scaling "
                 f"--out docs/_data/{path.name}` writes them.*\n")

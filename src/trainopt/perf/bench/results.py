@@ -3,7 +3,7 @@
 Every file that ``python -m trainopt.perf.bench`` writes, and every file a page renders, is a
 JSON object::
 
-    {"schema": 2, "kind": "bench" | "stability" | "experiments" | "scaling" | "compile",
+    {"schema": 2, "kind": "bench" | "stability" | "experiments" | "scaling" | "compile" | "estimate",
      "meta": {date, git_commit, git_dirty, command, note, device, device_name, ..., torch, cuda},
      ...the measurements of that kind}
 
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 SCHEMA = 2
-KINDS = ("bench", "stability", "experiments", "scaling", "compile")
+KINDS = ("bench", "stability", "experiments", "scaling", "compile", "estimate")
 Results = dict[str, Any]
 
 

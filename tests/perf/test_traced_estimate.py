@@ -1,0 +1,164 @@
+"""Tests of trainopt.perf.traced_estimate: the peak of a training step of any model, traced on fake
+tensors, against the peak measured on a CPU (and by CUDA's allocator where a GPU is present), and
+of the memory page's results file (trainopt.perf.bench.estimates)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainopt.models import GPT, gpt_config
+from trainopt.perf.bench.estimates import (
+    FAMILIES,
+    accelerate_estimate,
+    compare,
+    gpt_family,
+    hf_gpt2_family,
+    measure_step_peak,
+    mlp_family,
+)
+from trainopt.perf.estimate import CUDA_WORKSPACE_BYTES, estimate_training_memory
+from trainopt.perf.traced_estimate import estimate_step_memory
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "_data" / "memory_estimate_cpu.json"
+
+# Each family under four settings that between them cover fp32 and bf16 autocast, AdamW and SGD,
+# with and without activation checkpointing of its blocks.
+SETTINGS = [("fp32", "adamw", False), ("bf16", "adamw", True), ("fp32", "sgd", True), ("bf16", "sgd", False)]
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request):
+    if request.param == "hf-gpt2":
+        pytest.importorskip("transformers", reason="needs transformers (pip install 'trainopt[hf]')")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield FAMILIES[request.param]()
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("precision, optimizer, checkpointing", SETTINGS)
+def test_estimate_is_the_peak_measured_on_a_cpu_within_5_percent(family, precision, optimizer, checkpointing):
+    row = compare(family, optimizer, precision, checkpointing)
+    assert abs(row["error"]) < 0.05, row
+
+
+def test_checkpointing_the_blocks_lowers_the_estimate_as_it_lowers_the_peak():
+    family = gpt_family()
+    plain = compare(family, "sgd", "fp32", checkpointing=False)
+    blocks = compare(family, "sgd", "fp32", checkpointing=True)
+    assert blocks["estimate_bytes"] < 0.8 * plain["estimate_bytes"]
+    assert blocks["measured_bytes"] < 0.8 * plain["measured_bytes"]
+
+
+def test_the_models_own_checkpointing_is_honoured():
+    pytest.importorskip("transformers", reason="needs transformers (pip install 'trainopt[hf]')")
+    family = hf_gpt2_family()
+    stored = estimate_step_memory(family.model, family.batch, optimizer="sgd").peak
+    enable = getattr(family.model, "activation_checkpointing_enable", None)  # transformers >= 5.x
+    if enable is None:
+        family.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    recomputed = estimate_step_memory(family.model, family.batch, optimizer="sgd").peak
+    measured = measure_step_peak(family, "sgd")
+    assert recomputed < 0.8 * stored and abs(recomputed / measured - 1) < 0.05
+
+
+def test_the_model_is_left_as_it_was():
+    family = mlp_family(width=32, depth=2, batch_size=4)
+    before = [(p, p.clone()) for p in family.model.parameters()]
+    forwards = [m.forward for m in family.model]
+    estimate_step_memory(family.model, family.batch, targets=family.targets, loss_fn=F.cross_entropy,
+                         checkpointing=family.checkpointing)
+    assert all(p is q and torch.equal(p, saved) and p.grad is None
+               for (p, saved), q in zip(before, family.model.parameters()))
+    assert [m.forward for m in family.model] == forwards  # checkpointing removed again
+
+
+def test_a_model_on_meta_is_estimated_without_allocating_and_agrees_with_the_gpt_formula():
+    with torch.device("meta"):
+        model = GPT(gpt_config("124m"))
+    ids = torch.empty(2, 1024, dtype=torch.long, device="meta")
+    traced = estimate_step_memory(model, {"idx": ids, "targets": ids}, precision="bf16",
+                                  optimizer=lambda params: torch.optim.AdamW(params, foreach=True))
+    formula = estimate_training_memory(model, "bf16", batch_size=2, seq_len=1024, device="cpu")
+    assert abs(traced.peak / formula.peak - 1) < 0.001
+    assert traced.weights == formula.weights and traced.gradients == formula.gradients
+
+
+def test_the_gpt_formula_points_other_models_to_the_traced_estimate():
+    with pytest.raises(TypeError, match="estimate_step_memory"):
+        estimate_training_memory(torch.nn.Sequential(torch.nn.Linear(2, 2)), "fp32")
+
+
+def test_bad_arguments_name_the_field():
+    model, x = torch.nn.Linear(4, 2), torch.randn(3, 4)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        estimate_step_memory(model, x, loss_fn=torch.sum, precision="int8")
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        estimate_step_memory(model, x, loss_fn=torch.sum, optimizer="lion")
+    with pytest.raises(ValueError, match="loss_fn: the model returned"):
+        estimate_step_memory(model, x)
+    with pytest.raises(ValueError, match="checkpointing: no submodule named 'blocks'"):
+        estimate_step_memory(model, x, loss_fn=torch.sum, checkpointing=["blocks"])
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device: 'cuda' is not available here"):
+            estimate_step_memory(model, x, loss_fn=torch.sum, device="cuda")
+
+
+def test_accelerate_multiplies_the_weights_by_four_in_fp32_and_two_in_bf16():
+    model = torch.nn.Linear(10, 10)
+    assert accelerate_estimate(model, "fp32") == 4 * 110 * 4 and accelerate_estimate(model, "bf16") == 2 * 110 * 4
+
+
+def test_the_committed_table_holds_every_family_within_5_percent():
+    results = json.loads(RESULTS.read_text())
+    rows = results["rows"]
+    assert {r["family"] for r in rows} == {FAMILIES[name]().name for name in ("mlp", "cnn", "encoder", "gpt")} | {
+        "Hugging Face GPT-2"}
+    assert {(r["precision"], r["optimizer"], r["checkpointing"]) for r in rows} == {
+        (p, o, c) for p in ("fp32", "bf16") for o in ("adamw", "sgd") for c in (False, True)}
+    assert all(abs(r["error"]) < 0.05 for r in rows), [r for r in rows if abs(r["error"]) >= 0.05]
+    assert all(r["error"] == pytest.approx(r["estimate_bytes"] / r["measured_bytes"] - 1) for r in rows)
+    assert results["meta"]["command"].startswith("python -m trainopt.perf.bench estimate")
+    assert results["meta"]["git_dirty"] is False
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["gpt", "hf-gpt2"])
+def test_estimate_is_the_peak_cuda_measures_within_5_percent(name):
+    if name == "hf-gpt2":
+        pytest.importorskip("transformers", reason="needs transformers (pip install 'trainopt[hf]')")
+    torch.manual_seed(0)
+    if name == "gpt":
+        model = GPT(gpt_config("124m")).cuda()
+        ids = torch.randint(0, model.config.vocab_size, (8, 512), device="cuda")
+        batch = {"idx": ids, "targets": ids}
+    else:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        model = GPT2LMHeadModel(GPT2Config(n_layer=6, n_embd=768, n_head=12, n_positions=512)).cuda().train()
+        ids = torch.randint(0, 50257, (8, 512), device="cuda")
+        batch = {"input_ids": ids, "labels": ids}
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    for step in range(3):
+        if step == 2:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(**batch)
+        (out if name == "gpt" else out.loss).backward()
+        del out
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    measured = torch.cuda.max_memory_allocated()
+    estimate = estimate_step_memory(model, batch, precision="bf16",
+                                    optimizer=lambda params: torch.optim.AdamW(params, fused=True))
+    assert estimate.workspace == CUDA_WORKSPACE_BYTES
+    assert abs(estimate.peak / measured - 1) < 0.05, (estimate.phases, estimate.peak, measured)
