@@ -114,8 +114,15 @@ class _LMData(torch.utils.data.Dataset):
 def hf_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batches: int = 12, nan_batch: int | None = None,
            drop_batch: int | None = None, save_steps: int | None = None, resume: str | None = None,
            count_syncs: bool = False, max_grad_norm: float = 1.0, ranks: int = 1) -> dict[str, Any]:
-    """Train the tiny Llama with the ``Trainer``; ``guard``: ``GuardedOptimizer`` options, or ``None`` for plain."""
-    from transformers import Trainer, TrainerCallback, TrainingArguments, get_scheduler
+    """Train the tiny Llama with the ``Trainer``; ``guard``: ``GuardedOptimizer`` options, or ``None`` for plain.
+
+    Example:
+        >>> import tempfile
+        >>> from trainopt.stability.integrations.checks import hf_run
+        >>> hf_run(tempfile.mkdtemp(), {"check_every": 2}, n_batches=4, nan_batch=1)["skipped"]
+        1
+    """
+    from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments, get_scheduler
 
     from trainopt.stability.integrations.hf import stabilize
     from trainopt.stability.syncs import HostSyncCounter
@@ -143,6 +150,7 @@ def hf_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batches: int 
         disable_tqdm=True, dataloader_num_workers=0, save_only_model=False)
     trainer = Trainer(model=model, args=args, train_dataset=_LMData(n_batches, nan_batch, drop_batch, ranks),
                       optimizers=optimizers, callbacks=callbacks)
+    trainer.remove_callback(PrinterCallback)  # no metrics printed
     if counter is not None:
         with counter:
             trainer.train(resume_from_checkpoint=resume)
@@ -158,7 +166,14 @@ def lightning_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batche
                   nan_batch: int | None = None, drop_batch: int | None = None, epochs: int = 1,
                   stop_after: int | None = None, resume: str | None = None, count_syncs: bool = False,
                   ranks: int = 1) -> dict[str, Any]:
-    """Train the tiny MLP with Lightning (automatic optimization) for ``epochs`` (or stop after ``stop_after``)."""
+    """Train the tiny MLP with Lightning (automatic optimization) for ``epochs`` (or stop after ``stop_after``).
+
+    Example:
+        >>> import tempfile
+        >>> from trainopt.stability.integrations.checks import lightning_run
+        >>> lightning_run(tempfile.mkdtemp(), {"check_every": 2}, n_batches=4, nan_batch=1)["skipped"]
+        1
+    """
     import lightning as L
 
     from trainopt.stability.integrations.lightning import stabilizer_callback
@@ -207,7 +222,14 @@ def lightning_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batche
 def accelerate_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batches: int = 12,
                    nan_batch: int | None = None, drop_batch: int | None = None, save_at: int | None = None,
                    resume: int | None = None, count_syncs: bool = False, ranks: int = 1) -> dict[str, Any]:
-    """Train the tiny MLP in an Accelerate loop; save at step ``save_at`` or resume from that save."""
+    """Train the tiny MLP in an Accelerate loop; save at step ``save_at`` or resume from that save.
+
+    Example:
+        >>> import tempfile
+        >>> from trainopt.stability.integrations.checks import accelerate_run
+        >>> accelerate_run(tempfile.mkdtemp(), {"check_every": 2}, n_batches=4, nan_batch=1)["skipped"]
+        1
+    """
     from accelerate import Accelerator
 
     from trainopt.stability.integrations.accelerate import prepare
