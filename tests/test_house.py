@@ -55,6 +55,7 @@ PAGES = {
         "trainopt.diagnostics", "trainopt.schedules", "trainopt.stability", "trainopt.perf"),
     "concepts/optimization.md": ("trainopt.concepts",),
     "advanced/performance/index.md": (),
+    "advanced/performance/compilation.md": ("trainopt.perf",),
     "advanced/performance/mixed-precision.md": (
         "trainopt.perf", "trainopt.stability"),  # fp16 uses the stability page's loss scaler
     "advanced/performance/memory-optimization.md": ("trainopt.perf",),
@@ -63,6 +64,7 @@ PAGES = {
     "advanced/performance/benchmarking.md": ("trainopt.perf.bench", "trainopt.perf"),
     "advanced/performance/distributed-training.md": ("trainopt.perf.distributed", "trainopt.perf"),
     "index.md": (),
+    "glossary.md": (),
 }
 
 

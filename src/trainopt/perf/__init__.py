@@ -8,7 +8,10 @@
   (memory page); :mod:`~trainopt.perf.traced_estimate`: the estimate of any model, traced on fake
   tensors.
 - :mod:`~trainopt.perf.profiling`: torch.profiler and step timing (profiling page).
-- :mod:`~trainopt.perf.throughput`: tokens/s, step-time percentiles, MFU and alerts (monitoring page).
+- :mod:`~trainopt.perf.throughput` and :mod:`~trainopt.perf.updates`: tokens/s, step-time
+  percentiles, MFU and alerts; update-to-weight ratios per layer (monitoring page).
+- :mod:`~trainopt.perf.compilation`: graph breaks, recompiles, regional compilation and
+  compile time against step time (compilation page).
 - :mod:`trainopt.perf.distributed`: DDP, FSDP2, rank agreement and the distributed page's checks.
 - :mod:`trainopt.perf.bench`: the benchmark harness, its timer, MFU definition and peak table,
   results files and their renderer, and its command line (benchmarking page).
@@ -55,6 +58,7 @@ from trainopt.perf.profiling import (
     summarize,
 )
 from trainopt.perf.rounding import stochastic_round_to_bf16
+from trainopt.perf.updates import UpdateRatioMonitor
 from trainopt.perf.traced_estimate import estimate_step_memory
 from trainopt.perf.throughput import (
     MemoryNearLimitAlert,
@@ -67,7 +71,7 @@ __all__ = [
     "LoaderWait",  # profiling: the data-loader wait
     "PRECISIONS", "LiveStorageTracker", "MatmulSettings", "MemoryEstimate", "MemoryNearLimitAlert",
     "MemoryTracker", "PhaseMemory", "Precision", "PrecisionNotSupportedError", "StepProfiler", "StepTimer",
-    "ThroughputDropAlert", "ThroughputMonitor", "allocator_settings", "apply_activation_checkpointing",
+    "ThroughputDropAlert", "ThroughputMonitor", "UpdateRatioMonitor", "allocator_settings", "apply_activation_checkpointing",
     "bytes_per_parameter", "check_supported", "chunked_linear_cross_entropy", "clock_mark", "elapsed_ms", "estimate_step_memory",
     "estimate_training_memory",
     "expandable_segments_in_use", "gpt_activation_bytes", "make_scaler", "measure_peak_memory", "mfu", "native_bf16_supported",

@@ -8,6 +8,7 @@
 - :mod:`~trainopt.schedules.registry`: custom schedules and building a scheduler by name.
 - :mod:`~trainopt.schedules.finder`: the learning-rate range test.
 - :mod:`~trainopt.schedules.monitor` and :mod:`~trainopt.schedules.debug`: see the rate a run uses.
+- :mod:`~trainopt.schedules.batch_size`: batch-size ramp-up over the samples consumed.
 - :mod:`~trainopt.schedules.plots`: the page's figures (imports matplotlib when called).
 """
 
@@ -18,6 +19,7 @@ from trainopt.schedules.adapters import (
     wsd_schedule,
 )
 from trainopt.schedules.adaptive import AdaptiveLearningRate
+from trainopt.schedules.batch_size import batch_size_rampup, rampup_steps
 from trainopt.schedules.cyclical import CyclicalLearningRate
 from trainopt.schedules.debug import debug_lr_schedule
 from trainopt.schedules.finder import LearningRateFinder
@@ -44,9 +46,9 @@ from trainopt.schedules.registry import (
 
 __all__ = [
     "CYCLE_MODES", "DECAY_SHAPES", "AdaptiveLearningRate", "CyclicalLearningRate", "LRMonitor",
-    "LearningRateFinder", "PolynomialDecaySchedule", "SchedulerInterface", "build_scheduler",
+    "LearningRateFinder", "PolynomialDecaySchedule", "SchedulerInterface", "batch_size_rampup", "build_scheduler",
     "cosine_annealing", "cosine_annealing_schedule", "cyclical_scale", "debug_lr_schedule",
     "linear_warmup", "linear_warmup_decay", "linear_warmup_decay_schedule", "polynomial_decay",
     "register_scheduler", "registered_schedulers", "scheduler_parameters", "step_decay",
-    "step_decay_schedule", "warmup_stable_decay", "wsd_schedule",
+    "rampup_steps", "step_decay_schedule", "warmup_stable_decay", "wsd_schedule",
 ]

@@ -20,11 +20,13 @@ from trainopt.perf.bench.report import NUMBER_FORMATS, PARTS, render
 from trainopt.perf.bench.results import SCHEMA, new_results, read_results
 from trainopt.perf.bench.scaling import run as run_scaling
 from trainopt.perf.bench.stability import run as run_stability
+from trainopt.perf.compilation import measure_compile
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "docs" / "_data"
 PAGES = [ROOT / "docs" / "advanced" / "performance" / f"{name}.md"
-         for name in ("benchmarking", "memory-optimization", "mixed-precision", "profiling", "monitoring")]
+         for name in ("benchmarking", "memory-optimization", "mixed-precision", "profiling", "monitoring",
+                      "compilation")]
 PAGES.append(ROOT / "docs" / "guides" / "training-optimization" / "training-stability.md")
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 
@@ -46,7 +48,9 @@ def documents(bench: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "stability": run_stability(size="tiny", device="cpu", batch_size=2, seq_len=16, steps_per_window=1,
                                        windows=2, warmup_steps=1, max_warmup_steps=3),
             "experiments": run_experiments("tiny", "cpu", batch_size=2, seq_len=16, steps=2, warmup=1, max_warmup=4),
-            "scaling": run_scaling(2, "tiny", batch_size=2, seq_len=16, steps=1, windows=2, max_warmup_windows=2)}
+            "scaling": run_scaling(2, "tiny", batch_size=2, seq_len=16, steps=1, windows=2, max_warmup_windows=2),
+            "compile": measure_compile(batch_size=2, seq_len=8, backend="eager", steps=1, windows=1, warmup_steps=1,
+                                       max_warmup_steps=2)}
 
 
 def allowed_numbers(results: Any) -> set[str]:

@@ -129,9 +129,10 @@ def register_comm_hook(model: DistributedDataParallel, name: str = "allreduce", 
         the checkpoint, since it holds the error-feedback memory.
 
     Raises:
-        ValueError: unknown ``name``; ``"bf16"`` on a backend other than NCCL/XCCL (DDP
-            refuses it on gloo); ``"fp16"`` where the backend can't all-reduce float16. The
-            message names the backend and the hooks to use instead.
+        ValueError: unknown ``name``; ``"bf16"`` on a backend other than NCCL/XCCL (trainopt's
+            own rule: DDP checks only that the build has CUDA with NCCL 2.10 or later, or XPU
+            with XCCL); ``"fp16"`` where the backend can't all-reduce float16. The message
+            names the backend and the hooks to use instead.
 
     Example:
         >>> from trainopt.perf.distributed import single_process_group
@@ -150,8 +151,10 @@ def register_comm_hook(model: DistributedDataParallel, name: str = "allreduce", 
              "bf16": default_hooks.bf16_compress_hook, "powersgd": powerSGD_hook.powerSGD_hook}
     state: Any = None
     if name == "bf16" and dist.get_backend() not in ("nccl", "xccl"):
-        raise ValueError(f"name='bf16' needs the NCCL (or XCCL) backend: DDP refuses the bf16 "
-                         f"hook on {dist.get_backend()!r}; use 'allreduce', 'fp16' or 'powersgd'")
+        # DDP itself checks the build (CUDA with NCCL >= 2.10, or XPU with XCCL), not the group's
+        # backend; trainopt refuses other backends so a run behaves the same on every build.
+        raise ValueError(f"name='bf16' needs the NCCL (or XCCL) backend, got {dist.get_backend()!r}; "
+                         "use 'allreduce', 'fp16' or 'powersgd'")
     device = next(model.parameters()).device
     if name == "fp16" and not backend_reduces_dtype(torch.float16, device):
         raise ValueError(f"the {dist.get_backend()!r} backend can't all-reduce float16 on "
