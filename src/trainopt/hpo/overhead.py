@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -196,6 +197,13 @@ def render_overhead(source: str | os.PathLike | dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _postgres_url(text: str) -> str:
+    """An argparse ``type``: a ``postgresql://`` or ``postgresql+<driver>://`` URL, checked before measuring."""
+    if not re.match(r"^postgresql(\+\w+)?://", text):
+        raise argparse.ArgumentTypeError(f"must be a postgresql:// or postgresql+<driver>:// URL, got {text!r}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line.
 
@@ -212,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="study sizes in trials (default 200 1000)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="runs of each side per size (median)")
     parser.add_argument("--dir", type=output_folder, help="folder of the SQLite files (default: a new temporary one)")
-    parser.add_argument("--postgres", help="a PostgreSQL URL to measure too (default: $TRAINOPT_POSTGRES_URL)",
+    parser.add_argument("--postgres", type=_postgres_url,
+                        help="a PostgreSQL URL to measure too (default: $TRAINOPT_POSTGRES_URL)",
                         default=os.environ.get("TRAINOPT_POSTGRES_URL") or None)
     parser.add_argument("--note", help="recorded with the results")
     parser.add_argument("--out", type=output_file, required=True, help="results JSON file to write")
