@@ -24,7 +24,6 @@ import platform
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ from typing import Any
 
 import optuna
 
+from trainopt.config.provenance import git_state
 from trainopt.hpo.space import SearchSpace
 from trainopt.hpo.storage import open_storage
 from trainopt.hpo.study import create_study
@@ -117,22 +117,11 @@ def measure(url: str, n_trials: int, repeats: int = 3) -> dict[str, Any]:
     return row
 
 
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
 def _meta(command: str, note: str | None, settings: dict[str, Any]) -> dict[str, Any]:
     """The ``meta`` of the benchmark results files (see ``trainopt.perf.bench.results.environment``)."""
-    commit = _git("rev-parse", "HEAD")
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": commit or os.environ.get("TRAINOPT_GIT_COMMIT") or None,
-        "git_dirty": None if commit is None else bool(_git("status", "--porcelain", "--untracked-files=no")),
+        **git_state(),
         "command": command, "note": note, "device": "cpu", "cpu_count": os.cpu_count(),
         "platform": platform.platform(), "python": platform.python_version(),
         "optuna": version("optuna"), "sqlalchemy": version("sqlalchemy"), "settings": settings,

@@ -284,25 +284,17 @@ def render(source: str | Path) -> str:
     lines += ["", f"*{results['healthy_within_noise']} of {results['healthy_runs']} healthy runs end within the "
               f"spread of plain torch over seeds {results['seeds']}. Written by `python -m trainopt.stability.corpus` "
               f"with torch {made.get('torch', '?')} on {made.get('machine', '?')}, {made.get('date', '?')}, "
-              f"commit {made.get('commit', '?')}.*"]
+              f"commit {made.get('git_commit', '?')}"
+              f"{' (uncommitted changes)' if made.get('git_dirty') else ''}.*"]
     return "\n".join(lines)
 
 
-def _provenance() -> dict[str, str]:
+def _provenance() -> dict[str, Any]:
     import datetime
     import platform
-    import subprocess
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=Path(__file__).parent).stdout.strip()
-        commit += " (uncommitted changes)" if dirty else ""
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
     return {"torch": torch.__version__, "machine": f"{platform.machine()} CPU, 1 thread",
-            "date": datetime.date.today().isoformat(), "commit": commit}
+            "date": datetime.date.today().isoformat(), **git_state()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
