@@ -9,6 +9,10 @@
 - :mod:`~trainopt.diagnostics.findings` and :mod:`~trainopt.diagnostics.advice`: the symptoms, a
   finding, and the cause and fix of each symptom in its context.
 - :mod:`~trainopt.diagnostics.records`: reading a run's records (JSON Lines or dicts).
+- :mod:`trainopt.diagnostics.logs`: reading the logs people have (a Hugging Face
+  ``trainer_state.json``, TensorBoard events, CSV and JSON Lines with named columns); imported
+  when ``diagnose`` is given a path, never here. ``python -m trainopt.diagnostics PATH``
+  (:mod:`~trainopt.diagnostics.cli`) prints the findings of a log.
 - :mod:`~trainopt.diagnostics.generate`: fresh training runs with a known cause, the runs
   ``diagnose`` is tested on.
 - :mod:`~trainopt.diagnostics.runs` and :mod:`~trainopt.diagnostics.plots`: the recorded runs of

@@ -42,7 +42,7 @@ from trainopt.diagnostics.causes import root_cause_first
 from trainopt.diagnostics.dynamics import loss_dynamics
 from trainopt.diagnostics.explosions import gradient_explosion, loss_explosion, overflowed
 from trainopt.diagnostics.findings import SYMPTOMS, Finding, finding
-from trainopt.diagnostics.records import column, load_records
+from trainopt.diagnostics.records import column
 from trainopt.diagnostics.resources import memory_checks, speed_checks
 
 __all__ = ["DEFAULTS", "SYMPTOMS", "Finding", "diagnose", "expected_loss", "first_nonfinite"]
@@ -96,7 +96,10 @@ def diagnose(
     """Name the likely symptoms of a run from its per-step metrics, root causes first.
 
     Args:
-        source: A JSON Lines path, or an iterable of per-step dicts (see the module's schema).
+        source: A log (a JSON Lines or CSV file, a Hugging Face ``trainer_state.json`` or
+            ``Trainer`` output folder, TensorBoard event files or their folder: see
+            :func:`trainopt.diagnostics.logs.read_log`), or an iterable of per-step dicts (see
+            the module's schema).
         classes: For a classification loss (cross-entropy), the number of classes: a fresh model
             starts near ``log(classes)``, and a loss far above it is an explosion from step 1 on.
         initial_loss: The loss a fresh model should start at, for any other loss (it wins over
@@ -134,7 +137,12 @@ def diagnose(
         raise ValueError(f"unknown thresholds {sorted(unknown)}; allowed: {sorted(DEFAULTS)}")
     opts = {**DEFAULTS, **thresholds}
     expected = expected_loss(classes, initial_loss)
-    records = load_records(source) if isinstance(source, (str, Path)) else list(source)
+    if isinstance(source, (str, Path)):
+        from trainopt.diagnostics.logs import read_log  # TensorBoard's reader only when a log needs it
+
+        records = read_log(source)
+    else:
+        records = list(source)
     if not records:
         return []
     step_col = column(records, "step")

@@ -1,0 +1,201 @@
+"""diagnose() on the logs people have, written by real runs: a Hugging Face Trainer's
+trainer_state.json and TensorBoard events, and the project's generated runs written by a
+SummaryWriter, as CSV and as JSON Lines under other names. Each run is healthy or has a known
+fault; the first finding fits the fault, and healthy runs get none. Also the command line."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainopt.diagnostics import diagnose
+from trainopt.diagnostics.generate import FITTING, generate_run
+from trainopt.diagnostics.logs import canonical_name, log_format, read_log
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "guides" / "troubleshooting.md"
+VOCAB, SEQ = 32, 16
+TRAINER_FITS = {"healthy": frozenset(), "lr_too_high": FITTING["lr_too_high"], "nan_weight": FITTING["nan_sample"],
+                "lr_too_low": FITTING["lr_too_low"]}
+
+
+def _trainer_run(cause: str, out: Path) -> Path:
+    """A tiny GPT-2 (2 layers, width 32) learning counting sequences with the Trainer, 100 steps on a CPU."""
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+    class PoisonWeight(TrainerCallback):  # a weight turns NaN at step 50, as after an overflow
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step == 50:
+                with torch.no_grad():
+                    model.transformer.wte.weight[0, 0] = math.nan
+
+    g = torch.Generator().manual_seed(0)
+    start, stride = torch.randint(0, VOCAB, (1024, 1), generator=g), torch.randint(1, 3, (1024, 1), generator=g)
+    ids = (start + stride * torch.arange(SEQ)) % VOCAB
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ,
+                                       bos_token_id=0, eos_token_id=0))
+    lr = {"healthy": 3e-3, "lr_too_high": 1.0, "nan_weight": 3e-3, "lr_too_low": 1e-6}[cause]
+    args = TrainingArguments(str(out), max_steps=100, per_device_train_batch_size=8, learning_rate=lr,
+                             lr_scheduler_type="constant", logging_steps=1, report_to=["tensorboard"],
+                             save_strategy="no", use_cpu=True, disable_tqdm=True, seed=0, log_level="error")
+    trainer = Trainer(model=model, args=args, train_dataset=data,
+                      callbacks=[PoisonWeight()] if cause == "nan_weight" else [])
+    trainer.train()
+    trainer.save_state()
+    return out
+
+
+@pytest.fixture(scope="module")
+def trainer_runs(tmp_path_factory) -> dict[str, Path]:
+    pytest.importorskip("transformers", reason="needs transformers (pip install 'trainopt[hf]')")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return {cause: _trainer_run(cause, tmp_path_factory.mktemp(cause)) for cause in TRAINER_FITS}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _first(findings) -> str | None:
+    return findings[0].symptom if findings else None
+
+
+@pytest.mark.parametrize("cause", list(TRAINER_FITS))
+def test_a_trainer_state_json_gets_the_finding_of_its_fault(trainer_runs, cause):
+    out = trainer_runs[cause]
+    assert log_format(out) == "trainer_state" and log_format(out / "trainer_state.json") == "trainer_state"
+    records = read_log(out)
+    assert len(records) == 100 and {"loss", "lr", "grad_norm", "step"} <= records[0].keys()
+    findings = diagnose(out / "trainer_state.json", classes=VOCAB)
+    if cause == "healthy":
+        assert findings == []
+    else:
+        assert _first(findings) in TRAINER_FITS[cause], [(f.symptom, f.step) for f in findings]
+
+
+@pytest.mark.parametrize("cause", list(TRAINER_FITS))
+def test_the_trainers_tensorboard_events_give_the_same_findings(trainer_runs, cause):
+    events = trainer_runs[cause] / "runs"
+    assert log_format(events) == "tensorboard"
+    from_state = [(f.symptom, f.step) for f in diagnose(trainer_runs[cause], classes=VOCAB)]
+    assert [(f.symptom, f.step) for f in diagnose(events, classes=VOCAB)] == from_state
+
+
+GENERATED = [("healthy", "sgd"), ("lr_too_high", "sgd"), ("lr_too_low", "adamw"), ("nan_sample", "sgd"),
+             ("gradient_spike", "sgd")]
+
+
+@pytest.fixture(scope="module")
+def generated() -> dict[str, list[dict]]:
+    return {cause: generate_run(cause, optimizer, hidden=128, seed=0) for cause, optimizer in GENERATED}
+
+
+def _write(records: list[dict], fmt: str, folder: Path) -> Path:
+    """The records as a tracker or logger would write them, under other names than the schema's."""
+    if fmt == "tensorboard":
+        from torch.utils.tensorboard import SummaryWriter
+
+        with SummaryWriter(str(folder)) as writer:
+            for r in records:
+                writer.add_scalar("train/loss", r["loss"], r["step"])
+                writer.add_scalar("train/lr", r["lr"], r["step"])
+                writer.add_scalar("train/grad_norm", r["grad_norm"], r["step"])
+        return folder
+    if fmt == "csv":
+        path = folder / "metrics.csv"
+        with path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["global_step", "train/loss", "learning_rate", "grad_norm"])
+            writer.writerows([r["step"], r["loss"], r["lr"], r["grad_norm"]] for r in records)
+        return path
+    path = folder / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"iteration": r["step"], "train_loss": r["loss"], "lr": r["lr"],
+                                        "gradient_norm": r["grad_norm"]}) + "\n" for r in records))
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["tensorboard", "csv", "jsonl"])
+@pytest.mark.parametrize("cause", [cause for cause, _ in GENERATED])
+def test_a_generated_run_written_as_a_log_gets_the_finding_of_its_cause(generated, tmp_path, fmt, cause):
+    path = _write(generated[cause], fmt, tmp_path)
+    findings = diagnose(path, classes=10)
+    if cause == "healthy":
+        assert findings == []
+    else:
+        assert _first(findings) in FITTING[cause], [(f.symptom, f.step) for f in findings]
+    # the log says what the records say: the same symptoms at the same steps
+    assert [(f.symptom, f.step) for f in findings] == [(f.symptom, f.step) for f in diagnose(generated[cause],
+                                                                                            classes=10)]
+
+
+def test_common_column_names_are_the_schemas():
+    names = {"train/loss": "loss", "Loss": "loss", "training_loss": "loss", "lr": "lr", "learning_rate": "lr",
+             "train/learning_rate": "lr", "grad_norm": "grad_norm", "train/grad_norm": "grad_norm",
+             "global_step": "step", "Step": "step", "trainer/global_step": "step", "eval/loss": "eval/loss",
+             "val_loss": "val_loss"}
+    assert {name: canonical_name(name) for name in names} == names
+
+
+def test_evaluation_and_summary_entries_are_not_steps(tmp_path):
+    state = tmp_path / "trainer_state.json"
+    state.write_text(json.dumps({"log_history": [
+        {"loss": 2.3, "step": 10}, {"eval_loss": 2.2, "step": 10}, {"loss": 2.1, "step": 20},
+        {"train_runtime": 3.0, "train_loss": 2.2, "step": 20}]}))
+    assert [(r["step"], r["loss"]) for r in read_log(state)] == [(10, 2.3), (20, 2.1)]
+
+
+def _command(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainopt.diagnostics", *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+def test_a_missing_file_is_one_line_and_exit_status_2_without_a_traceback():
+    result = _command("no/such/trainer_state.json")
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", "error: no/such/trainer_state.json: no such file\n")
+
+
+@pytest.mark.parametrize("args, line", [
+    (["pyproject.toml"], "error: path: pyproject.toml is not a log this reads; give a trainer_state.json"),
+    (["--classes", "0", "x.csv"], "error: --classes: "),
+    (["{tmp}/metrics.csv"], "error: loss: no column is a training loss; name it loss, train/loss or train_loss"),
+    (["{tmp}"], "error: path: "),
+])
+def test_a_mistake_names_its_field_in_one_line(tmp_path, monkeypatch, args, line):
+    from trainopt.config.cli import run_command
+    from trainopt.diagnostics.cli import main
+
+    (tmp_path / "metrics.csv").write_text("step,score\n0,1.0\n")
+    monkeypatch.chdir(ROOT)
+    err = io.StringIO()
+    assert run_command(main, [a.format(tmp=tmp_path) for a in args], stderr=err) == 2
+    assert err.getvalue().startswith(line) and err.getvalue().count("\n") == 1, err.getvalue()
+
+
+def _masked(text: str) -> str:
+    return re.sub(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", "N", text)
+
+
+def test_the_pages_command_prints_the_finding_the_page_shows(tmp_path):
+    block = re.search(r"```console\n(\$ python -m trainopt\.diagnostics .*?)```", PAGE.read_text(), flags=re.S)
+    command, *shown = block[1].splitlines()
+    args = command.split()[4:]  # after "$ python -m trainopt.diagnostics"
+    records = generate_run("lr_too_high", "sgd", steps=100)  # the log the page's example writes
+    (tmp_path / "output").mkdir()
+    history = [{"step": r["step"], "loss": r["loss"], "grad_norm": r["grad_norm"], "learning_rate": r["lr"]}
+               for r in records]
+    (tmp_path / "output" / "trainer_state.json").write_text(json.dumps({"global_step": 100, "log_history": history}))
+    result = _command(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    printed = result.stdout.splitlines()
+    assert _masked("\n".join(printed[:len(shown)])) == _masked("\n".join(shown))
