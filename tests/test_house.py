@@ -50,7 +50,8 @@ PAGES = {
     "guides/training-optimization/hyperparameter-optimization.md": (
         "trainopt.hpo", "trainopt.schedules"),  # the LR range test seeds the search range
     "guides/training-optimization/index.md": (),
-    "guides/training-optimization/use-with-your-trainer.md": ("trainopt.stability",),  # integrations
+    "guides/training-optimization/use-with-your-trainer.md": (
+        "trainopt.stability", "trainopt.hpo"),  # integrations; tuning a Trainer run
     "guides/troubleshooting.md": (  # the fixes point into every section
         "trainopt.diagnostics", "trainopt.schedules", "trainopt.stability", "trainopt.perf"),
     "concepts/optimization.md": ("trainopt.concepts",),

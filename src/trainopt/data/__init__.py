@@ -4,6 +4,7 @@ A copied example finds them wherever it runs, through :func:`path`:
 
 - ``scheduler_cosine.yaml``, ``scheduler_custom.yaml``: training configs of the learning-rate page;
 - ``hpo_digits.yaml``: the tuning config of the hyperparameter page;
+- ``hpo_trainer.yaml``: the config that tunes a Hugging Face ``Trainer`` run (the trainer page);
 - ``runs/<fault>.jsonl``: the recorded runs of the troubleshooting page.
 """
 
