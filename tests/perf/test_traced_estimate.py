@@ -162,3 +162,13 @@ def test_estimate_is_the_peak_cuda_measures_within_5_percent(name):
                                     optimizer=lambda params: torch.optim.AdamW(params, fused=True))
     assert estimate.workspace == CUDA_WORKSPACE_BYTES
     assert abs(estimate.peak / measured - 1) < 0.05, (estimate.phases, estimate.peak, measured)
+
+
+def test_the_estimate_command_writes_a_results_file_and_prints_its_table(tmp_path, capsys):
+    from trainopt.perf.bench.cli import main
+
+    out = tmp_path / "memory_estimate_cpu.json"
+    assert main(["estimate", "--families", "mlp", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 8 and all(abs(r["error"]) < 0.05 for r in rows)
+    assert capsys.readouterr().out.startswith("| family | parameters | precision |")

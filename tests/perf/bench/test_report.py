@@ -16,6 +16,7 @@ from trainopt.perf.bench.configs import BenchConfig
 from trainopt.perf.bench.experiments import run as run_experiments
 from trainopt.perf.bench.harness import run_matrix, speedup
 from trainopt.perf.bench.plots import plot_results
+from trainopt.perf.bench.estimates import run as run_estimates
 from trainopt.perf.bench.report import NUMBER_FORMATS, PARTS, render
 from trainopt.perf.bench.results import SCHEMA, new_results, read_results
 from trainopt.perf.bench.scaling import run as run_scaling
@@ -50,7 +51,8 @@ def documents(bench: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "experiments": run_experiments("tiny", "cpu", batch_size=2, seq_len=16, steps=2, warmup=1, max_warmup=4),
             "scaling": run_scaling(2, "tiny", batch_size=2, seq_len=16, steps=1, windows=2, max_warmup_windows=2),
             "compile": measure_compile(batch_size=2, seq_len=8, backend="eager", steps=1, windows=1, warmup_steps=1,
-                                       max_warmup_steps=2)}
+                                       max_warmup_steps=2),
+            "estimate": run_estimates(["mlp"], precisions=["bf16"], optimizers=["sgd"], checkpointing=[True])}
 
 
 def allowed_numbers(results: Any) -> set[str]:
