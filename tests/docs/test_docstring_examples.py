@@ -51,3 +51,26 @@ def test_a_statement_only_example_is_caught() -> None:
 
     assert not examples(statements_only)[-1].want.strip()
     assert examples(with_result)[-1].want.strip() == "2"
+
+
+def _docstrings() -> Iterator[tuple[str, str]]:
+    import ast
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                doc = ast.get_docstring(node, clean=True)
+                if doc:
+                    yield f"{path.relative_to(src)}:{getattr(node, 'lineno', 1)}", doc
+
+
+def test_docstring_blocks_that_are_not_python_declare_their_language() -> None:
+    """A bare ``::`` block is highlighted and copied as Python: formulas and schemas are declared
+    ``.. code-block:: text``; Python is a ``>>>`` example, which the test suite runs."""
+    import re
+
+    bare = [f"{where}: {line.strip()!r}" for where, doc in _docstrings() for line in doc.splitlines()
+            if re.search(r"::\s*$", line) and not re.match(r"\s*\.\. [\w-]+::", line)]
+    assert not bare, "declare a language (.. code-block:: text) for:\n" + "\n".join(bare)

@@ -199,12 +199,10 @@ def native_bf16_supported(device: int | str | torch.device | None = None) -> boo
 class Precision:
     """A numeric precision bound to a device: autocast, matmul settings and loss scaler.
 
-    Build it with :meth:`from_name`. A training step then reads::
-
-        with precision.autocast():
-            loss = model(x, targets=y)
-        precision.backward(loss)
-        precision.step(optimizer)   # unscales, skips on inf/NaN, updates the scale (fp16)
+    Build it with :meth:`from_name`. A training step then runs the forward pass inside
+    ``precision.autocast()``, calls ``precision.backward(loss)`` instead of ``loss.backward()``,
+    and ``precision.step(optimizer)`` instead of ``optimizer.step()``: for fp16 that unscales the
+    gradients, skips the step on an inf or NaN and updates the loss scale.
 
     Attributes:
         name: One of :data:`PRECISIONS`.

@@ -3,7 +3,9 @@
 Two spreads that overlap can still differ, and two that don't can come from one drifting
 machine. The comparison here rests on *interleaved* windows (the two configurations take turns,
 so drift hits both alike; :func:`~trainopt.perf.bench.timer.interleaved_windows`) and on a
-percentile bootstrap of the ratio of medians (Efron and Tibshirani 1993)::
+percentile bootstrap of the ratio of medians (Efron and Tibshirani 1993):
+
+.. code-block:: text
 
     speed-up = median(baseline step times) / median(candidate step times)
 

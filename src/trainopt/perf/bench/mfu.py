@@ -1,7 +1,9 @@
 """Model FLOPs utilisation (MFU): one definition, one table of peaks per precision.
 
 MFU is the share of a device's peak that the model's own arithmetic needs at the measured speed
-(PaLM, appendix B)::
+(PaLM, appendix B):
+
+.. code-block:: text
 
     MFU = tokens/s × FLOPs per token / peak FLOP/s of the precision in use
 

@@ -1,7 +1,9 @@
 """The results files of every benchmark: one schema, one writer, one reader.
 
 Every file that ``python -m trainopt.perf.bench`` writes, and every file a page renders, is a
-JSON object::
+JSON object:
+
+.. code-block:: text
 
     {"schema": 2, "kind": "bench" | "stability" | "experiments" | "scaling" | "compile" | "estimate",
      "meta": {date, git_commit, git_dirty, command, note, device, device_name, ..., torch, cuda},
