@@ -9,6 +9,8 @@ batch; a resumed run equals the run it replaced. Each imports its framework when
 
 from __future__ import annotations
 
+import gc
+import importlib
 import os
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,8 @@ import torch
 
 from trainopt.stability.integrations.guard import GuardedOptimizer
 
-__all__ = ["accelerate_run", "flat_weights", "hf_run", "lightning_run", "rank_run", "regression_data", "tiny_causal_lm"]
+__all__ = ["accelerate_run", "flat_weights", "hf_run", "lightning_run", "rank_run", "rank_runs", "regression_data",
+           "tiny_causal_lm"]
 
 BATCH = 4
 
@@ -285,3 +288,29 @@ def rank_run(framework: str, out_dir: str) -> dict[str, Any]:
         raise ValueError(f"framework must be 'hf', 'lightning' or 'accelerate', got {framework!r}")
     result = runs[framework](out_dir, {"check_every": 4}, n_batches=8, nan_batch=2, ranks=2)
     return {"weights": result["weights"], "skipped": result["skipped"]}
+
+
+def rank_runs(frameworks: list[str], out_dir: str) -> dict[str, dict[str, Any]]:
+    """:func:`rank_run` for each of ``frameworks`` in turn, in one process per rank: one launch for all of them.
+
+    Each rank trains on one CPU thread (the ranks share the machine's cores, and the models are
+    tiny), with the imported frameworks' objects frozen out of the garbage collector (``gc.freeze``:
+    the ``Trainer`` and Accelerate run ``gc.collect()`` after training); both are restored afterwards.
+
+    Example:
+        >>> from trainopt.stability.integrations.checks import rank_runs
+        >>> rank_runs([], ".")
+        {}
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    for name in frameworks:  # import first, then freeze: the frameworks' gc.collect() calls skip their objects
+        if name == "hf":
+            from transformers import Trainer  # noqa: F401
+        importlib.import_module({"hf": "accelerate"}.get(name, name))
+    gc.freeze()
+    try:
+        return {name: rank_run(name, os.path.join(out_dir, name)) for name in frameworks}
+    finally:
+        gc.unfreeze()
+        torch.set_num_threads(threads)
