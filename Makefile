@@ -1,6 +1,7 @@
 # trainopt — build the site and run the whole suite from a clean clone.
 #   make html       create .venv, install trainopt[docs], build the site into _build/html (-W)
-#   make test       same set-up, then unit tests + Sybil over docs/ and src/ + audits + -W build
+#   make test       same set-up, then unit tests + Sybil over docs/ and src/ + audits + -W build,
+#                   on two pytest-xdist workers (PYTEST_WORKERS=2; PYTEST_ARGS=-n0 runs serially)
 #   make test-gpu   make test with TRAINOPT_REQUIRE_CUDA=1 (GPU-only examples must run, not skip)
 #   make livehtml   rebuild on change and serve on http://127.0.0.1:8000
 #   make linkcheck  check internal links of the built site (no network)
@@ -14,6 +15,10 @@ PY     := $(VENV)/bin/python
 #   make test TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
 SPHINXOPTS ?= -W --keep-going
+# pytest-xdist workers: two (CI's machine has two cores), one where there is a single core. Each
+# file runs on one worker (see conftest.py), and the site is built once per run.
+# `make test PYTEST_ARGS=-n0` runs serially; PYTEST_WORKERS=auto uses every core.
+PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 2 ? n : 2 )))
 PYTEST_ARGS ?=
 
 .PHONY: html test test-gpu livehtml linkcheck clean venv
@@ -42,7 +47,7 @@ html: $(VENV)/.docs
 
 # Tiny CPU models run faster on one thread per process (and the distributed tests start several).
 test: $(VENV)/.test
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-gpu:
 	TRAINOPT_REQUIRE_CUDA=1 $(MAKE) test

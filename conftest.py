@@ -82,6 +82,67 @@ docstrings = Sybil(
 pytest_collect_file = (docs + docstrings).pytest()
 
 
+# pytest-xdist (``make test`` runs ``-n 2``). Every file is one unit of work that one worker runs
+# from its first test to its last, whatever ``--dist`` says (except ``each``): a page's Sybil
+# examples share one namespace and run in order, and a module's module-scoped fixtures are set up
+# once. The files below start several processes per test (gloo ranks, HPO workers, Chromium and
+# fresh interpreters, a nested pytest) or assert wall-clock deadlines: together they are one unit,
+# run one file after the other, so no two of them ever run at once; it goes out first, as the
+# longest unit. A folder ends with "/".
+ONE_AT_A_TIME = (
+    "tests/browser/",
+    "tests/perf/distributed/",
+    "tests/perf/bench/test_scaling.py",
+    "tests/stability/test_rank_agreement.py",
+    "tests/stability/test_launch_deadline.py",
+)
+
+
+def unit_of_work(nodeid: str) -> str:
+    """The unit of work (xdist scope) of a test: its file, or "one-at-a-time" for ONE_AT_A_TIME."""
+    path = nodeid.split("::", 1)[0]
+    if any(path == p or (p.endswith("/") and path.startswith(p)) for p in ONE_AT_A_TIME):
+        return "one-at-a-time"
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") == "each":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        """``--dist loadfile`` with ONE_AT_A_TIME as one unit, the units in collection order."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of_work(nodeid)
+
+        def schedule(self) -> None:
+            reorder, self.config.option.loadscopereorder = self.config.option.loadscopereorder, False
+            try:
+                super().schedule()
+            finally:
+                self.config.option.loadscopereorder = reorder
+
+    return FileScheduling(config, log)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker, order the units: one-at-a-time first (its browser tests start the site
+    build), the files that need the built site last (the other worker runs the rest meanwhile)."""
+    if not hasattr(config, "workerinput"):
+        return
+    site = {unit_of_work(item.nodeid) for item in items if "built_site" in getattr(item, "fixturenames", ())}
+
+    def rank(item: pytest.Item) -> int:
+        unit = unit_of_work(item.nodeid)
+        return 0 if unit == "one-at-a-time" else 2 if unit in site else 1
+
+    items.sort(key=rank)  # stable: files keep their order, and a file's tests theirs
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if REQUIRE_CUDA:
         import torch
