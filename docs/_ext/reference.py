@@ -4,10 +4,17 @@
 and the index's toctree; ``tests/test_reference.py`` fails when the committed pages differ from
 what this writes, or when a public object has no docstring, no example, or no entry in the built
 reference.
+
+The page of each section package (``trainopt.schedules``, ``trainopt.stability``, ... in
+``GROUPS``) opens with what a reader imports: every name of its ``__all__`` with a one-line
+summary, linked to its entry on the page of the module that defines it. The sidebar follows the
+sections: the index lists the section packages by title, and each section's page lists its
+modules (and the sections below it, such as ``trainopt.perf.bench``).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -78,19 +85,103 @@ def _plain_summary(module_name: str) -> str:
     return LITERAL.sub(lambda m: m.group(1), text).replace("`", "").replace('"', "'")
 
 
-def page_text(module_name: str) -> str:
+def _one_line(obj: object) -> str:
+    """The first sentence of an object's docstring, as MyST for a table cell."""
+    doc = inspect.getdoc(obj) or ""
+    line = doc.strip().split("\n\n")[0].replace("\n", " ").strip()
+    line = ROLE.sub(lambda m: f"`{m.group(1).split('.')[-1]}`", line).replace(":math:`", "{math}`")
+    return LITERAL.sub(lambda m: f"`{m.group(1)}`", line).replace("|", "\\|")
+
+
+@functools.lru_cache(maxsize=None)
+def _public_modules() -> tuple[str, ...]:
+    return tuple(public_modules())
+
+
+def _defined_in(package: str, name: str, obj: object) -> str:
+    """The module of ``package`` whose reference page documents ``obj``."""
+    module = getattr(obj, "__module__", None)
+    if (inspect.isfunction(obj) or inspect.isclass(obj)) and (module in _public_modules() or module == package):
+        return module  # documented where it is defined, even in another section (a re-export)
+    for candidate in _public_modules():
+        if candidate.startswith(package + ".") and vars(importlib.import_module(candidate)).get(name) is obj:
+            return candidate
+    return package
+
+
+def exported_names(package: str) -> list[tuple[str, str, str]]:
+    """``(name, dotted target, one-line summary)`` of each name in a package's ``__all__``.
+
+    Functions and classes link to their entry on the page of the module that defines them;
+    constants to that module's page, with their value as the summary.
+    """
+    module = importlib.import_module(package)
+    rows = []
+    for name in getattr(module, "__all__", []):
+        obj = getattr(module, name)
+        home = _defined_in(package, name, obj)
+        if inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismodule(obj):
+            summary = _one_line(obj)
+        else:
+            value = repr(obj)
+            summary = "constant: `" + (value if len(value) <= 60 else value[:57] + "...") + "`"
+        if inspect.ismodule(obj):
+            target = obj.__name__
+        elif inspect.isfunction(obj) or inspect.isclass(obj):
+            target = f"{home}.{name}"
+        else:
+            target = home  # a constant links to the page of its module
+        rows.append((name, target, summary))
+    return rows
+
+
+def _exports_table(package: str) -> str:
+    rows = exported_names(package)
+    if not rows:
+        return ""
+    lines = [f"`from {package} import ...` gives these names; each links to its full entry.", "",
+             "| name | what it is |", "| --- | --- |"]
+    for name, target, summary in rows:
+        role = "py:obj" if target.endswith("." + name) else "py:mod"
+        lines.append(f"| {{{role}}}`{name} <{target}>` | {summary} |")
+    return "## What the package exports\n\n" + "\n".join(lines) + "\n\n"
+
+
+def _children(module_name: str, modules: list[str]) -> list[str]:
+    """The pages listed under ``module_name`` in the sidebar: its members, and groups below it."""
+    if module_name not in dict(GROUPS):
+        return []
+    members = [m for m in modules if group_of(m) == module_name and m != module_name]
+    below = [g for g, _ in GROUPS if g != module_name and g.startswith(module_name + ".") and g in modules
+             and group_of(g.rsplit(".", 1)[0]) == module_name]
+    return sorted(below) + members
+
+
+def page_text(module_name: str, modules: list[str] | None = None) -> str:
     summary = _plain_summary(module_name)
+    modules = public_modules() if modules is None else modules
+    children = _children(module_name, modules)
+    is_section = module_name in dict(GROUPS) and hasattr(importlib.import_module(module_name), "__path__")
+    exports = _exports_table(module_name) if is_section else ""
+    titles = dict(GROUPS)
+    # the sidebar names a module by its path below its section, in plain text: short, never clipped
+    entries = [f"{titles[c]} <{c}>" if c in titles else f"{c.removeprefix(module_name + '.')} <{c}>"
+               for c in children]
+    toctree = ("```{toctree}\n:hidden:\n:maxdepth: 1\n\n" + "\n".join(entries) + "\n```\n") if children else ""
     return (
         "---\n"
         f'description: "API reference of {module_name}: {summary}"\n'
         "---\n\n"
         f"# `{module_name}`\n\n"
-        "```{eval-rst}\n"
+        + exports
+        + ("## The module\n\n" if exports else "")
+        + "```{eval-rst}\n"
         f".. automodule:: {module_name}\n"
         "   :members:\n"
         "   :ignore-module-all:\n"
         "   :show-inheritance:\n"
         "```\n"
+        + ("\n" + toctree if toctree else "")
     )
 
 
@@ -129,7 +220,10 @@ def index_text(modules: list[str]) -> str:
             "| module | what it holds |\n| --- | --- |\n"
             f"{rows}\n"
         )
-    toctree = "\n".join(modules)
+    titles_by_group = dict(GROUPS)
+    top = [g for g, _ in GROUPS if g in modules and group_of(g.rsplit(".", 1)[0]) == "trainopt"]
+    loose = [m for m in modules if group_of(m) == "trainopt"]
+    toctree = "\n".join([f"{titles_by_group[m]} <{m}>" for m in top] + loose)
     return (
         "---\n"
         'description: "API reference of the trainopt package, generated from its docstrings."\n'
@@ -147,7 +241,7 @@ def index_text(modules: list[str]) -> str:
 
 def expected_pages() -> dict[Path, str]:
     modules = public_modules()
-    pages = {REFERENCE / f"{m}.md": page_text(m) for m in modules}
+    pages = {REFERENCE / f"{m}.md": page_text(m, modules) for m in modules}
     pages[REFERENCE / "index.md"] = index_text(modules)
     return pages
 
