@@ -12,7 +12,11 @@ sys.path.insert(0, str(ROOT / "src"))
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+import trainopt  # noqa: E402 - from src/, put on the path above
+
 project = "trainopt"
+release = trainopt.__version__
+version = ".".join(release.split(".")[:2])
 author = "trainopt developers"
 copyright = "2026, trainopt developers"
 
@@ -25,6 +29,7 @@ extensions = [
     "sphinx.ext.mathjax",
     "sphinx-mathjax-offline",  # MathJax served from _static: the site works offline
     "trainopt_docs",
+    "trainopt_reading",
 ]
 
 source_suffix = {".md": "markdown"}
@@ -45,6 +50,7 @@ myst_enable_extensions = [
     "substitution",
 ]
 myst_heading_anchors = 3
+myst_substitutions = {"release": release}
 myst_dmath_double_inline = True
 
 # Copying a ``>>>`` block gives the code only: no prompts, no output.
@@ -61,7 +67,7 @@ napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 
 html_theme = "pydata_sphinx_theme"
-html_title = "trainopt"
+html_title = f"trainopt {release}"
 html_favicon = "docs/_static/favicon.svg"
 html_permalinks_icon = "#"
 html_theme_options = {

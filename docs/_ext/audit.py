@@ -154,3 +154,177 @@ def source_includes(docs_dir: Path) -> list[tuple[str, str]]:
             if block.info.startswith(SOURCE_DIRECTIVE):
                 found.append((f"{path.relative_to(docs_dir)}:{block.line}", block.info.split()[1]))
     return found
+
+
+# --------------------------------------------------------------------------------------------
+# Each block alone: does a block run when a reader copies only it? If not, the page says what
+# to run first, with a ``% needs: <what>`` comment above the block (shown on the page by
+# ``trainopt_reading``).
+# --------------------------------------------------------------------------------------------
+
+NEEDS = re.compile(r"^%\s*needs:\s*(?P<what>.+?)\s*$")
+
+
+def needs_of(path: Path) -> dict[int, str]:
+    """``{line of a block's opening fence: what to run first}``, from ``% needs:`` comments.
+
+    The comment sits above the block; a skip comment and blank lines may come between.
+    """
+    found: dict[int, str] = {}
+    pending: str | None = None
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        stripped = line.strip()
+        match = NEEDS.match(stripped)
+        if match:
+            pending = match.group("what")
+        elif FENCE.match(line) and stripped.startswith("```python") and pending:
+            found[number] = pending
+            pending = None
+        elif stripped and not stripped.startswith("%"):
+            pending = None
+    return found
+
+
+@dataclass(frozen=True)
+class Alone:
+    """How one ``python`` block of a page fared when run alone."""
+
+    line: int
+    outcome: str  # "runs", "fails" or "skipped" (its skip condition holds on this machine)
+    error: str = ""
+    marked: str | None = None
+
+
+def _code_of(block: Block) -> str:
+    if re.search(r"^\s*>>> ", block.body, flags=re.M):
+        from notebooks import doctest_as_code
+
+        return doctest_as_code(block.body)
+    return block.body
+
+
+def run_alone(path: Path, timeout: float = 600) -> list[Alone]:
+    """Run each ``python`` block of a page alone, as a reader who copies only that block.
+
+    Each block runs in its own process, forked from one that has imported torch and nothing
+    else of the page, in a fresh empty directory and an empty namespace. A block whose skip
+    condition holds here (a GPU-only block on a CPU) is ``skipped``.
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    page = [b for b in blocks(path) if b.info.split()[:1] == ["python"]]
+    payload = [{"line": b.line, "code": _code_of(b), "skip": _skip_condition(b.skipped_by)} for b in page]
+    env = {k: v for k, v in os.environ.items() if k not in ("TRAINOPT_REQUIRE_CUDA",)}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
+    env["MPLBACKEND"] = "Agg"
+    with tempfile.TemporaryDirectory(prefix="trainopt-alone-") as base:
+        result = subprocess.run([sys.executable, "-c", _FORK_EACH], input=json.dumps(payload), cwd=base,
+                                capture_output=True, text=True, env=env, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"{path}: the block runner failed:\n{result.stderr[-3000:]}")
+    outcomes = json.loads(result.stdout.strip().splitlines()[-1])
+    needs = needs_of(path)
+    return [Alone(o["line"], o["outcome"], o["error"], needs.get(o["line"])) for o in outcomes]
+
+
+def _skip_condition(skip: str | None) -> str | None:
+    if not skip:
+        return None
+    call = ast.parse("f" + skip.strip().removeprefix("next").strip().removeprefix("if"), mode="eval").body
+    return ast.unparse(call.args[0])
+
+
+_FORK_EACH = r'''
+import json, os, sys, tempfile, traceback
+import torch  # imported once; each block runs in a process forked from here
+blocks = json.load(sys.stdin)
+base = os.getcwd()
+results = []
+for block in blocks:
+    if block["skip"]:
+        import importlib
+        space = {"torch": torch}
+        for name in ("sys", "os"):
+            space[name] = importlib.import_module(name)
+        try:
+            skipped = bool(eval(block["skip"], space))
+        except NameError:
+            from trainopt.perf.distributed import fsdp2_available
+            space["fsdp2_available"] = fsdp2_available
+            skipped = bool(eval(block["skip"], space))
+        if skipped:
+            results.append({"line": block["line"], "outcome": "skipped", "error": ""})
+            continue
+    report = tempfile.NamedTemporaryFile(dir=base, delete=False, suffix=".txt").name
+    pid = os.fork()
+    if pid == 0:
+        status = 0
+        try:
+            os.chdir(tempfile.mkdtemp(dir=base))
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            exec(compile(block["code"], f"<block at line {block['line']}>", "exec"), {"__name__": "__main__"})
+        except BaseException as error:
+            with open(report, "w") as out:
+                out.write(f"{type(error).__name__}: {error}"[:300])
+            status = 1
+        finally:
+            sys.stdout.flush()
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    error = open(report).read() if os.path.getsize(report) else ("" if status == 0 else f"exit status {status}")
+    results.append({"line": block["line"], "outcome": "runs" if status == 0 else "fails", "error": error})
+print(json.dumps(results))
+'''
+
+
+def alone_problems(path: Path, results: list[Alone], root: Path | None = None) -> list[str]:
+    """Blocks that fail alone and don't say what to run first."""
+    name = path.relative_to(root) if root else path
+    return [f"{name}:{r.line}: fails when copied alone ({r.error}); put '% needs: <the block to run first>' "
+            "above it" for r in results if r.outcome == "fails" and not r.marked]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python docs/_ext/audit.py --alone [PAGE.md ...]``: each page's blocks run alone, counted."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python docs/_ext/audit.py")
+    parser.add_argument("--alone", action="store_true", help="run each python block alone and count")
+    parser.add_argument("pages", nargs="*", type=Path, help="pages (default: every page under docs/)")
+    args = parser.parse_args(argv)
+    docs = Path(__file__).resolve().parents[1]
+    if not args.alone:
+        problems = audit(docs)
+        print("\n".join(problems) or "every python block is included or executed")
+        return 1 if problems else 0
+    pages = args.pages or [p for p in sorted(docs.rglob("*.md"))
+                           if not any(s.startswith("_") for s in p.relative_to(docs).parts)]
+    missing_total = 0
+    for page in pages:
+        page = page.resolve()
+        results = run_alone(page)
+        if not results:
+            continue
+        count = {k: sum(r.outcome == k for r in results) for k in ("runs", "fails", "skipped")}
+        marked = sum(bool(r.marked) for r in results)
+        missing = alone_problems(page, results, docs)
+        missing_total += len(missing)
+        print(f"{page.relative_to(docs)}: {len(results)} blocks; {count['runs']} run alone, {count['fails']} "
+              f"fail alone, {count['skipped']} skipped here; {marked} marked '% needs:'; "
+              f"{len(missing)} need a marker")
+        for problem in missing:
+            print("    " + problem)
+    return 1 if missing_total else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.exit(main())

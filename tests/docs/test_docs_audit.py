@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from audit import audit, problems_in, source_includes
+from audit import alone_problems, audit, problems_in, run_alone, source_includes
 from trainopt_docs import source_with_imports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,3 +113,42 @@ def test_copied_implementation_fails_without_its_imports() -> None:
     body = code[code.index("def synthetic_batch"):] + "\nsynthetic_batch(GPTConfig(), 2, 4)\n"
     result = _run_fresh(body)
     assert result.returncode != 0 and "NameError" in result.stderr
+
+
+# Pages whose blocks each run when copied alone or say what to run first (``% needs: ...``).
+# A page joins once it has its markers; ``python docs/_ext/audit.py --alone`` lists what is missing.
+ALONE_ENFORCED = [
+    "guides/training-optimization/learning-rate-scheduling.md",
+    "guides/training-optimization/hyperparameter-optimization.md",
+    "concepts/optimization.md",
+    "advanced/performance/benchmarking.md",
+]
+
+
+@pytest.mark.parametrize("page", ALONE_ENFORCED)
+def test_each_block_runs_alone_or_says_what_to_run_first(page: str) -> None:
+    results = run_alone(DOCS / page)
+    counts = {k: sum(r.outcome == k for r in results) for k in ("runs", "fails", "skipped")}
+    _record_alone(page, {**counts, "marked": sum(bool(r.marked) for r in results), "blocks": len(results)})
+    problems = alone_problems(DOCS / page, results, DOCS)
+    assert results and not problems, "\n".join(problems)
+
+
+def _record_alone(page: str, value: dict) -> None:
+    path = ROOT / "test-artifacts" / "blocks-alone.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[page] = value
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def test_the_alone_check_finds_a_block_that_needs_an_earlier_one(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("# T\n\n```python\nx = 1\n```\n\n```python\nassert x == 1\n```\n\n"
+                    "% needs: the first block\n\n```python\nassert x + 1 == 2\n```\n\n"
+                    "```python\nimport math\nassert math.pi > 3\n```\n")
+    results = run_alone(page)
+    assert [(r.outcome, r.marked) for r in results] == [
+        ("runs", None), ("fails", None), ("fails", "the first block"), ("runs", None)]
+    problems = alone_problems(page, results, tmp_path)
+    assert len(problems) == 1 and problems[0].startswith("page.md:7:") and "NameError" in problems[0]

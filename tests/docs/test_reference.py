@@ -57,10 +57,13 @@ def test_each_section_package_page_lists_its_exports_with_a_summary_and_a_link(p
     missing = []
     for name, target, _ in exported_names(package):
         if target.endswith("." + name):  # a function or class: its entry on its module's page
-            href = f'href="{target.rpartition(".")[0]}.html#{target}"'
+            page, anchor = target.rpartition(".")[0], target
         else:  # a constant: the page of its module
-            href = f'href="{target}.html#module-{target}"'
-        row = re.search(rf'<tr[^>]*>\s*<td[^>]*><p><a class="reference internal" {re.escape(href)}[^>]*>'
+            page, anchor = target, f"module-{target}"
+        href = f'href="{page}.html#{anchor}"'
+        # on the package's own page, the link is to the anchor alone
+        link = rf'href="(?:{re.escape(page)}\.html)?#{re.escape(anchor)}"' if page == package else re.escape(href)
+        row = re.search(rf'<tr[^>]*>\s*<td[^>]*><p><a class="reference internal" {link}[^>]*>'
                         rf'<code[^>]*><span class="pre">{re.escape(name)}</span></code></a></p></td>\s*'
                         rf'<td[^>]*><p>(.+?)</p></td>', table, flags=re.S)
         if not row or not re.sub(r"<[^>]+>", "", row.group(1)).strip():
@@ -70,7 +73,7 @@ def test_each_section_package_page_lists_its_exports_with_a_summary_and_a_link(p
 
 def test_the_reference_sidebar_is_grouped_by_section(built_site: Path) -> None:
     html = (built_site / "reference" / "index.html").read_text()
-    sidebar = html[html.index('class="bd-sidebar-primary'):]
+    sidebar = html[html.index('<nav class="bd-docs-nav'):]
     sidebar = sidebar[:sidebar.index("</nav>")]
     top = re.findall(r'<li class="toctree-l1[^"]*"><a class="reference internal" href="([^"]+)">([^<]+)</a>', sidebar)
     titles = dict(GROUPS)

@@ -1,0 +1,146 @@
+"""Reading aids on the pages: what each code block needs, what it prints, and the page as a notebook.
+
+Read from the page's own MyST source, next to the ```` ```python ```` block they describe:
+
+``% skip: next if(<condition>, reason="...")``
+    Sybil's skip (a MyST comment, so invisible). The block gets a visible badge with the reason,
+    "needs CUDA" for a GPU-only block; Sybil still reads the comment.
+``% needs: <what to run first>``
+    A block that does not run when copied alone says which earlier block to run first. The
+    comment becomes a visible line above the block: "Run first: <what>". The checker in
+    :mod:`audit` (``python docs/_ext/audit.py --alone``) finds the blocks that need one.
+
+What a block prints is shown beneath it: ``tests/docs/test_notebooks.py`` records, while it runs
+the page as a notebook, the standard output of each code block into
+``docs/_generated/outputs/<page>.json`` (with a hash of the block's code); the next build shows
+it under each block that calls ``print`` and whose code is unchanged, as "Output".
+
+Each guide, performance, concepts and troubleshooting page gets a "Download as a notebook"
+button under its title; the notebook (:mod:`notebooks`) is written next to the page's HTML.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from audit import blocks, needs_of
+from docutils import nodes
+from notebooks import NOTEBOOK_PAGES, notebook_for
+from sphinx.application import Sphinx
+
+OUTPUTS = "_generated/outputs"
+
+
+def code_sha1(code: str) -> str:
+    """Identifies a block's code: a recorded output is shown only under the code that printed it."""
+    import hashlib
+
+    return hashlib.sha1(code.strip().encode()).hexdigest()
+
+
+def skip_reason(skip: str | None) -> str | None:
+    if not skip:
+        return None
+    match = re.search(r"reason\s*=\s*(['\"])(?P<reason>.+)\1", skip)
+    return match.group("reason") if match else None
+
+
+def _python_literals(doctree: nodes.document) -> list[nodes.literal_block]:
+    return [n for n in doctree.findall(nodes.literal_block)
+            if n.get("language") == "python" and "trainopt-source" not in n["classes"]]
+
+
+def _note(text: str, classes: list[str], label: str) -> nodes.paragraph:
+    para = nodes.paragraph("", "", classes=["trainopt-block-note", *classes])
+    para += nodes.inline("", label, classes=["sd-sphinx-override", "sd-badge", "trainopt-block-badge"])
+    para += nodes.Text(" " + text if text else "")
+    return para
+
+
+def annotate_blocks(app: Sphinx, doctree: nodes.document) -> None:
+    """Badges for skipped blocks, "Run first" lines, and recorded outputs, next to each block."""
+    docname = app.env.docname
+    path = Path(app.env.doc2path(docname))
+    if not path.exists():
+        return
+    fenced = [b for b in blocks(path) if b.info.split()[:1] == ["python"]]
+    literals = _python_literals(doctree)
+    if len(fenced) != len(literals):
+        return  # not a page whose blocks are ours to annotate (generated reference pages)
+    needs = needs_of(path)
+    outputs_file = Path(app.srcdir) / OUTPUTS / f"{docname}.json"
+    outputs = {}
+    if outputs_file.exists():
+        app.env.note_dependency(str(outputs_file))
+        outputs = json.loads(outputs_file.read_text())
+    elif any("print(" in block.body for block in fenced):
+        # not recorded yet: re-read the page once the notebook test has recorded it
+        from trainopt_docs import _missing_data
+
+        _missing_data(app.env).setdefault(docname, set()).add(str(outputs_file))
+    for block, literal in zip(fenced, literals):
+        before: list[nodes.Node] = []
+        after: list[nodes.Node] = []
+        if block.line in needs:
+            literal["classes"].append("trainopt-needs-first")
+            before.append(_note(needs[block.line], ["trainopt-needs"], "Run first"))
+        reason = skip_reason(block.skipped_by)
+        if reason:
+            literal["classes"].append("trainopt-skipped-block")
+            label = "needs CUDA" if re.search(r"\bcuda\b", reason, re.I) else reason
+            text = "skipped where there is no CUDA device" if label == "needs CUDA" else "skipped elsewhere"
+            before.append(_note(text, ["trainopt-needs-cuda" if label == "needs CUDA" else "trainopt-skips"],
+                                label))
+        recorded = outputs.get(str(block.line))
+        recorded = recorded if isinstance(recorded, dict) else {}
+        printed = recorded.get("stdout") if recorded.get("code_sha1") == code_sha1(block.body) else None
+        if printed and "print(" in block.body:
+            after.append(nodes.rubric("", "Output", classes=["trainopt-output-title"]))
+            output = nodes.literal_block(printed, printed, language="text", classes=["trainopt-output"])
+            after.append(output)
+        parent = literal.parent
+        anchor = literal
+        # a literal block may sit inside a container (caption); annotate around the outermost one
+        while parent is not None and isinstance(parent, nodes.container) and "literal-block-wrapper" in parent["classes"]:
+            anchor, parent = parent, parent.parent
+        index = parent.index(anchor)
+        for node in reversed(before):
+            parent.insert(index, node)
+        index = parent.index(anchor)
+        for offset, node in enumerate(after, start=1):
+            parent.insert(index + offset, node)
+
+
+def add_notebook_button(app: Sphinx, doctree: nodes.document) -> None:
+    docname = app.env.docname
+    if docname not in NOTEBOOK_PAGES(app.srcdir):
+        return
+    section = next(iter(doctree.findall(nodes.section)), None)
+    if section is None:
+        return
+    name = Path(docname).name + ".ipynb"
+    html = (f'<p class="trainopt-notebook"><a class="sd-btn sd-btn-outline-primary sd-btn-sm" href="{name}" '
+            f'download="{name}">Download as a notebook</a> <span class="trainopt-notebook-note">'
+            "every code block of this page, in order; it runs top to bottom in a fresh kernel</span></p>")
+    section.insert(1, nodes.raw("", html, format="html"))
+
+
+def write_notebooks(app: Sphinx, exception: Exception | None) -> None:
+    if exception is not None or app.builder.format != "html":
+        return
+    for docname in NOTEBOOK_PAGES(app.srcdir):
+        target = Path(app.outdir) / f"{docname}.ipynb"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(notebook_for(Path(app.srcdir) / f"{docname}.md"), indent=1) + "\n"
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
+
+
+def setup(app: Sphinx) -> dict[str, Any]:
+    app.connect("doctree-read", annotate_blocks)
+    app.connect("doctree-read", add_notebook_button)
+    app.connect("build-finished", write_notebooks)
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
