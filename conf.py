@@ -85,6 +85,7 @@ html_context = {"default_mode": "auto"}
 # Pages without siblings have nothing to put in a "Section Navigation" sidebar.
 html_sidebars = {
     "index": [],
+    "glossary": [],
     "concepts/*": [],
     "guides/troubleshooting": [],
 }
