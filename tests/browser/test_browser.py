@@ -128,11 +128,12 @@ def test_every_page_loads_without_errors_or_broken_images(browser: object, serve
     ("guides/training-optimization/index.html", [
         "guides/training-optimization/learning-rate-scheduling.html",
         "guides/training-optimization/training-stability.html",
-        "guides/training-optimization/hyperparameter-optimization.html"]),
+        "guides/training-optimization/hyperparameter-optimization.html",
+        "guides/training-optimization/use-with-your-trainer.html"]),
     ("advanced/performance/index.html", [
         f"advanced/performance/{n}.html" for n in (
             "memory-optimization", "distributed-training", "profiling", "monitoring",
-            "benchmarking", "mixed-precision")]),
+            "benchmarking", "mixed-precision", "compilation")]),
 ])
 def test_grid_cards_lead_to_their_pages(browser: object, server: str, landing: str, expected: list[str]) -> None:
     context, page, _ = _open(browser, f"{server}/{landing}")

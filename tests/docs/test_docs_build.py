@@ -32,10 +32,12 @@ def test_landing_grids_render_as_cards_linking_to_their_pages(built_site: Path) 
     expected = {
         "index.md": ["guides/training-optimization/index.html", "advanced/performance/index.html"],
         "guides/training-optimization/index.md": [
-            "learning-rate-scheduling.html", "training-stability.html", "hyperparameter-optimization.html"],
+            "learning-rate-scheduling.html", "training-stability.html", "hyperparameter-optimization.html",
+            "use-with-your-trainer.html"],
         "advanced/performance/index.md": [
             "memory-optimization.html", "distributed-training.html", "profiling.html",
-            "monitoring.html", "benchmarking.html", "mixed-precision.html"],
+            "monitoring.html", "benchmarking.html", "mixed-precision.html",
+            "compilation.html"],
     }
     for page, targets in expected.items():
         html = _html(built_site, DOCS / page)
