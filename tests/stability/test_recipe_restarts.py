@@ -107,7 +107,7 @@ def test_command_line_mistakes_are_one_line_with_status_2(tmp_path: Path) -> Non
     cases = [
         (["--checkpoint-dir", "c", "--steps", "0", "--out", "w.pt"], "error: --steps: must be an int >= 1, got '0'"),
         (["--checkpoint-dir", str(tmp_path / "file"), "--steps", "5", "--out", "w.pt"],
-         f"error: --checkpoint-dir: {tmp_path / 'file'} is a file, not a folder"),
+         f"error: --checkpoint-dir: {tmp_path / 'file'} is a file; give a folder (it is created if missing)"),
         (["--checkpoint-dir", "c", "--steps", "5", "--out", str(tmp_path)],
          f"error: --out: {tmp_path} is a folder: give a file name"),
     ]

@@ -186,10 +186,14 @@ def render_overhead(source: str | os.PathLike | dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _postgres_url(text: str) -> str:
-    """An argparse ``type``: a ``postgresql://`` or ``postgresql+<driver>://`` URL, checked before measuring."""
+def _postgres_url(text: str) -> str | None:
+    """An argparse ``type``: a ``postgresql://`` or ``postgresql+<driver>://`` URL, checked before
+    measuring; an empty value measures SQLite only (whatever ``$TRAINOPT_POSTGRES_URL`` says)."""
+    if text == "":
+        return None
     if not re.match(r"^postgresql(\+\w+)?://", text):
-        raise argparse.ArgumentTypeError(f"must be a postgresql:// or postgresql+<driver>:// URL, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a postgresql:// or postgresql+<driver>:// URL, or empty "
+                                         f"for SQLite only, got {text!r}")
     return text
 
 
@@ -198,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     Example:
         >>> from trainopt.hpo.overhead import build_parser
-        >>> args = build_parser().parse_args(["--out", "o.json"])
+        >>> args = build_parser().parse_args(["--postgres", "", "--out", "o.json"])
         >>> args.trials, args.repeats, args.postgres
         ([200, 1000], 3, None)
     """
@@ -210,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=positive_int, default=3, help="runs of each side per size (median)")
     parser.add_argument("--dir", type=output_folder, help="folder of the SQLite files (default: a new temporary one)")
     parser.add_argument("--postgres", type=_postgres_url,
-                        help="a PostgreSQL URL to measure too (default: $TRAINOPT_POSTGRES_URL)",
+                        help="a PostgreSQL URL to measure too (default: $TRAINOPT_POSTGRES_URL; "
+                             "empty: SQLite only)",
                         default=os.environ.get("TRAINOPT_POSTGRES_URL") or None)
     parser.add_argument("--note", help="recorded with the results")
     parser.add_argument("--out", type=output_file, required=True, help="results JSON file to write")

@@ -57,9 +57,10 @@ def make_deterministic() -> None:
         >>> import torch
         >>> from trainopt.stability.recipe import make_deterministic
         >>> make_deterministic()
-        >>> torch.are_deterministic_algorithms_enabled()
+        >>> enabled = torch.are_deterministic_algorithms_enabled()
+        >>> torch.use_deterministic_algorithms(False)  # back to the default for what follows
+        >>> enabled
         True
-        >>> torch.use_deterministic_algorithms(False)
     """
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
