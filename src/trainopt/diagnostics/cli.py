@@ -44,7 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> from pathlib import Path
         >>> from trainopt.diagnostics.cli import main
         >>> state = Path(tempfile.mkdtemp()) / "trainer_state.json"
-        >>> history = [{"step": t, "loss": 2.3 * 0.98**t, "grad_norm": 1.0, "learning_rate": 1e-3} for t in range(100)]
+        >>> history = [{"step": t, "loss": 2.3 * 0.98**t, "grad_norm": 1.0, "learning_rate": 1e-3}
+        ...            for t in range(100)]
         >>> history[60]["grad_norm"] = 50.0
         >>> _ = state.write_text(json.dumps({"log_history": history}))
         >>> with contextlib.redirect_stdout(io.StringIO()) as printed:

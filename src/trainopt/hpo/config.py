@@ -133,14 +133,16 @@ def load_objective(reference: str, field_name: str = "objective") -> Callable[..
     first, then ``PYTHONPATH`` and the installed packages.
 
     Example:
+        >>> import textwrap
         >>> from trainopt.hpo import load_objective
         >>> load_objective("trainopt.hpo.digits:digits_objective").__name__
         'digits_objective'
         >>> try:
         ...     load_objective("os:system")
         ... except Exception as error:
-        ...     print(error)
-        objective: must be a function objective(trial, params) -> value or values; 'os:system' is system(command...)
+        ...     print(textwrap.fill(str(error), 80))
+        objective: must be a function objective(trial, params) -> value or values;
+        'os:system' is system(command...)
     """
     module_name, colon, name = str(reference).partition(":")
     if not colon or not module_name or not name:

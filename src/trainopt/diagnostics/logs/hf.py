@@ -54,7 +54,8 @@ def read_trainer_state(path: str | Path) -> list[dict[str, Any]]:
         >>> from trainopt.diagnostics.logs.hf import read_trainer_state
         >>> state = Path(tempfile.mkdtemp()) / "trainer_state.json"
         >>> _ = state.write_text(json.dumps({"global_step": 2, "log_history": [
-        ...     {"loss": 2.3, "learning_rate": 1e-3, "step": 1}, {"loss": 2.1, "learning_rate": 1e-3, "step": 2},
+        ...     {"loss": 2.3, "learning_rate": 1e-3, "step": 1},
+        ...     {"loss": 2.1, "learning_rate": 1e-3, "step": 2},
         ...     {"train_runtime": 1.5, "train_loss": 2.2, "step": 2}]}))
         >>> [(r["step"], r["loss"]) for r in read_trainer_state(state)]
         [(1, 2.3), (2, 2.1)]

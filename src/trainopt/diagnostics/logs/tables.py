@@ -18,7 +18,8 @@ def read_csv(path: str | Path) -> list[dict[str, Any]]:
         >>> from pathlib import Path
         >>> from trainopt.diagnostics.logs.tables import read_csv
         >>> path = Path(tempfile.mkdtemp()) / "metrics.csv"
-        >>> _ = path.write_text("Step,train/loss,learning_rate,grad_norm\\n0,2.30,0.1,1.2\\n1,2.10,0.1,\\n2,,0.1,\\n")
+        >>> _ = path.write_text("Step,train/loss,learning_rate,grad_norm\\n"
+        ...                     "0,2.30,0.1,1.2\\n1,2.10,0.1,\\n2,,0.1,\\n")
         >>> read_csv(path)  # an empty cell was not logged: step 2 logged no loss
         [{'step': 0, 'loss': 2.3, 'lr': 0.1, 'grad_norm': 1.2}, {'step': 1, 'loss': 2.1, 'lr': 0.1}]
     """
@@ -37,7 +38,8 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         >>> from pathlib import Path
         >>> from trainopt.diagnostics.logs.tables import read_jsonl
         >>> path = Path(tempfile.mkdtemp()) / "metrics.jsonl"
-        >>> _ = path.write_text('{"global_step": 0, "train/loss": 2.3}\\n\\n{"global_step": 1, "train/loss": NaN}\\n')
+        >>> _ = path.write_text('{"global_step": 0, "train/loss": 2.3}\\n\\n'
+        ...                     '{"global_step": 1, "train/loss": NaN}\\n')
         >>> read_jsonl(path)
         [{'step': 0, 'loss': 2.3}, {'step': 1, 'loss': nan}]
     """

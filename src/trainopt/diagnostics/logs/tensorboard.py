@@ -75,8 +75,9 @@ def read_events(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
         ...     for step in range(3):
         ...         writer.add_scalar("train/loss", 2.0 - step / 2, step)
         ...         writer.add_scalar("train/learning_rate", 0.5, step)
-        >>> read_events(Path(folder).glob("events.out.tfevents.*"))
-        [{'step': 0, 'loss': 2.0, 'lr': 0.5}, {'step': 1, 'loss': 1.5, 'lr': 0.5}, {'step': 2, 'loss': 1.0, 'lr': 0.5}]
+        >>> records = read_events(Path(folder).glob("events.out.tfevents.*"))
+        >>> len(records), records[0], records[-1]
+        (3, {'step': 0, 'loss': 2.0, 'lr': 0.5}, {'step': 2, 'loss': 1.0, 'lr': 0.5})
 
         .. skip: end
     """
