@@ -133,11 +133,12 @@ class GuardedOptimizer(torch.optim.Optimizer):
         >>> import torch
         >>> from trainopt.stability.integrations import GuardedOptimizer
         >>> model = torch.nn.Linear(4, 1)
-        >>> guarded = GuardedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True), check_every=10)
+        >>> adamw = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+        >>> guarded = GuardedOptimizer(adamw, check_every=10)
         >>> before = model.weight.detach().clone()
         >>> loss = model(torch.randn(8, 4)).sum() * float("nan")
         >>> loss.backward()
-        >>> _ = guarded.step(lambda: loss)  # the closure returns the loss; NaN: skipped on the device
+        >>> _ = guarded.step(lambda: loss)  # the closure returns the loss; NaN: skipped
         >>> torch.equal(model.weight, before)
         True
     """
