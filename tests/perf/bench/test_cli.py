@@ -19,7 +19,8 @@ from trainopt.perf.bench.harness import speedup
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGES = [ROOT / "docs" / "advanced" / "performance" / f"{name}.md"
-         for name in ("benchmarking", "memory-optimization", "mixed-precision", "profiling", "monitoring")]
+         for name in ("benchmarking", "memory-optimization", "mixed-precision", "profiling", "monitoring",
+                      "compilation")]
 PAGES.append(ROOT / "docs" / "guides" / "training-optimization" / "training-stability.md")
 QUICK = ["--warmup", "1", "--max-warmup", "2", "--steps", "1", "--windows", "1", "--no-progress"]
 
@@ -137,7 +138,10 @@ def console_commands() -> list[tuple[str, list[str]]]:
 
 def test_the_pages_show_every_subcommand() -> None:
     assert {words[3] for _, words in console_commands()} == {
-        "matrix", "recipe", "stability", "experiments", "all", "compare", "scaling"}
+        "matrix", "recipe", "stability", "experiments", "all", "compare", "scaling", "compile", "estimate"}
+    # and that is every subcommand the parser has
+    assert {words[3] for _, words in console_commands()} == set(
+        build_parser()._subparsers._group_actions[0].choices)
     text = "\n".join(page.read_text() for page in PAGES)
     for gone in ("trainopt.perf.bench.stability --out", "trainopt.perf.bench.experiments --out", "trainopt.bench "):
         assert gone not in text
