@@ -21,32 +21,16 @@ import pytest
 import sqlalchemy
 from optuna.trial import TrialState
 
+from storages import POSTGRES_URL, storage_urls
 from trainopt.hpo import SearchSpace, budget_trials, create_study, open_storage, run_worker, tune
 from trainopt.hpo.storage import storage_of, waiting_trials_only
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 X = SearchSpace.from_dict({"x": {"type": "float", "low": 0.0, "high": 1.0}})
-POSTGRES_URL = os.environ.get("TRAINOPT_POSTGRES_URL", "")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
-@pytest.fixture(params=["sqlite", "journal", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path):
-    """A storage URL of each kind (a PostgreSQL study is deleted after the test)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'claims.db'}"
-    elif request.param == "journal":
-        yield f"journal:{tmp_path / 'claims.log'}"
-    else:
-        if not POSTGRES_URL:
-            if os.environ.get("CI"):
-                pytest.fail("CI is set but TRAINOPT_POSTGRES_URL is not: .ci/run must start PostgreSQL")
-            pytest.skip("no PostgreSQL server: set TRAINOPT_POSTGRES_URL (.ci/run starts one)")
-        yield POSTGRES_URL
-        storage = open_storage(POSTGRES_URL, heartbeat=None)
-        for study in storage.get_all_studies():
-            if study.study_name.startswith("claims-"):
-                optuna.delete_study(study_name=study.study_name, storage=storage)
+url = storage_urls("claims")
 
 
 def _name() -> str:
