@@ -282,7 +282,7 @@ def render(source: str | Path) -> str:
             lines.append(f"| {_KIND_NAMES[fault]}{where} (misses) | {row['runs']} | {row['wrong']} | {what} |")
     made = results.get("made", {})
     lines += ["", f"*{results['healthy_within_noise']} of {results['healthy_runs']} healthy runs end within the "
-              f"spread of plain torch over seeds {results['seeds']}. Written by `python -m trainopt.stability.corpus` "
+              f"spread of plain torch over runs with random state {results['seeds']}. Written by `python -m trainopt.stability.corpus` "
               f"with torch {made.get('torch', '?')} on {made.get('machine', '?')}, {made.get('date', '?')}, "
               f"commit {made.get('git_commit', '?')}"
               f"{' (uncommitted changes)' if made.get('git_dirty') else ''}.*"]
