@@ -98,11 +98,19 @@ ONE_AT_A_TIME = (
 )
 
 
+# Files whose tests share nothing (no module fixture, no namespace): each test is its own unit, so
+# the two workers share them. Each notebook starts its own kernel.
+EACH_TEST_ALONE = ("tests/docs/test_notebooks.py",)
+
+
 def unit_of_work(nodeid: str) -> str:
-    """The unit of work (xdist scope) of a test: its file, or "one-at-a-time" for ONE_AT_A_TIME."""
+    """The unit of work (xdist scope) of a test: its file, the test itself for EACH_TEST_ALONE, or
+    "one-at-a-time" for ONE_AT_A_TIME."""
     path = nodeid.split("::", 1)[0]
     if any(path == p or (p.endswith("/") and path.startswith(p)) for p in ONE_AT_A_TIME):
         return "one-at-a-time"
+    if path in EACH_TEST_ALONE:
+        return nodeid
     return path
 
 
