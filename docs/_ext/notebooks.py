@@ -93,6 +93,8 @@ def _markdown(lines: list[str]) -> str:
             continue
         if re.match(r"^\s*:{3,}", line):
             i += 1
+            while i < len(lines) and re.match(r"^\s*:[\w-]+:(\s|$)", lines[i]):  # the directive's options
+                i += 1
             continue
         out.append(line)
         i += 1
