@@ -4,10 +4,12 @@
 - the grid cards of the landing pages lead to the right pages; the Training Optimization grid has
   2 columns and no card breaks a word at 1280 px;
 - every copy button puts exactly the code on the clipboard (no prompts, no output);
-- copied blocks run where a reader runs them, from an empty directory with the installed package:
-  each page's usage blocks in order in a fresh interpreter, the same blocks pasted line by line into
-  ``code.InteractiveConsole``, each implementation alone, and every docstring example of the API
-  reference alone in a fresh namespace (counts in ``test-artifacts/copied-blocks.json``);
+- copied blocks run where a reader runs them: each usage block's copy is the code the page's
+  notebook runs in order in a fresh kernel in an empty directory (``tests/docs/test_notebooks.py``),
+  and pasted line by line into ``code.InteractiveConsole`` it reads as the same statements; each
+  implementation runs alone in a fresh interpreter in an empty directory, and every docstring
+  example of the API reference alone in a fresh namespace (counts in
+  ``test-artifacts/copied-blocks.json``);
 - pages under ``guides/``, ``advanced/`` and ``concepts/`` stay under 15,000 px at 1280 px with the
   implementations folded (heights in ``test-artifacts/page-heights.json``);
 - nothing is clipped at 1280 px and 390 px: display maths, code outside dropdowns, wide tables, the
@@ -25,6 +27,7 @@ that reason elsewhere, except in CI (``CI`` set), where a missing browser is a f
 from __future__ import annotations
 
 import ast
+import code
 import doctest
 import functools
 import importlib
@@ -39,6 +42,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+import traceback
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -327,59 +331,8 @@ def _skip_condition(skip: str | None) -> str | None:
     return ast.unparse(call.args[0])
 
 
-# The runners read JSON on stdin and keep their own names out of the reader's namespace: a block
-# that forgets an import fails as it would for a reader.
-RUN_IN_ORDER = r'''
-def _run():
-    import json, sys, traceback
-    blocks = json.load(sys.stdin)
-    namespace = globals()
-    del namespace["_run"]
-    for block in blocks:
-        if block["skip"] and eval(block["skip"], namespace):
-            continue
-        try:
-            exec(compile(block["code"], f"<block {block['index']}>", "exec"), namespace)
-        except BaseException:
-            traceback.print_exc()
-            print(f"\nFAILED: block {block['index']} (line {block['line']} of the page)", file=sys.stderr)
-            sys.exit(1)
-_run()
-'''
-
-RUN_IN_REPL = r'''
-def _run():
-    import code, json, sys, traceback
-    blocks = json.load(sys.stdin)
-    namespace = globals()
-    del namespace["_run"]
-
-    class Console(code.InteractiveConsole):
-        error = None
-
-        def showsyntaxerror(self, *args, **kwargs):
-            self.error = traceback.format_exc()
-
-        def showtraceback(self):
-            self.error = traceback.format_exc()
-
-    console = Console(locals=namespace)
-    for block in blocks:
-        if block["skip"] and eval(block["skip"], namespace):
-            continue
-        lines = block["code"].split("\n")
-        # The reader pastes the block, then presses Enter once.
-        for number, line in enumerate(lines + [""], start=1):
-            console.push(line)
-            if console.error:
-                print(console.error, file=sys.stderr)
-                shown = line if number <= len(lines) else "(Enter after the block)"
-                print(f"FAILED: block {block['index']} (line {block['line']} of the page), "
-                      f"line {number} of the block: {shown!r}", file=sys.stderr)
-                sys.exit(1)
-_run()
-'''
-
+# The runner reads JSON on stdin and keeps its own names out of the reader's namespace: a block that
+# forgets an import fails as it would for a reader.
 # Each script alone, in a fresh namespace and a fresh empty directory; every failure is reported.
 RUN_EACH_ALONE = r'''
 def _run():
@@ -463,35 +416,44 @@ def test_copy_buttons_copy_exactly_the_code(survey: dict[str, dict], browser: ob
     assert not failures, "\n".join(failures)
 
 
-def test_copied_pages_run_in_order_from_an_empty_directory(survey: dict[str, dict]) -> None:
-    """Each page's usage blocks, as copied, in order in one fresh interpreter; each implementation
-    (folded or not) alone in a fresh namespace."""
+def test_copied_usage_blocks_are_the_code_the_notebook_runs(survey: dict[str, dict]) -> None:
+    """What a usage block's copy button copies is the block's code on the page, which is what the
+    page's notebook runs, in page order, in a fresh kernel in an empty directory
+    (``tests/docs/test_notebooks.py``): that run is the proof that the copied blocks run in order
+    from an empty directory. A doctest block copies its statements; the notebook runs those and
+    checks each shown value."""
     failures = []
-    jobs = []
-    counts = {}
-    implementations = []
+    compared = 0
     for name in _reader_pages():
         usage, problem = _usage_blocks(name, survey[name]["copies"])
         if problem:
             failures.append(problem)
-        run = [b for b in usage if not (b["skip"] and _skipped_here(b["skip"]))]
-        counts[name] = len(run)
-        if usage:
-            jobs.append((f"{name} (its usage blocks, in order)", RUN_IN_ORDER, usage))
-        implementations += [(f"{name}, implementation block {c['index']}", c["copied"])
-                            for c in survey[name]["copies"] if _is_implementation(c)]
-    jobs.append(("the implementations, each alone", RUN_EACH_ALONE, implementations))
-    for label, result in _run_all(jobs):
-        if result.returncode != 0:
-            failures.append(f"{label} failed in a fresh interpreter in an empty directory:\n"
-                            f"{result.stderr[-3000:]}")
+        fenced = {b.line: b for b in blocks(DOCS / name.replace(".html", ".md")) if b.info.split()[:1] == ["python"]}
+        for block in usage:
+            body = fenced[block["line"]].body
+            expected = _expected_copy(body)
+            compared += 1
+            if block["code"].rstrip("\n") != expected.rstrip("\n"):
+                failures.append(f"{name}, line {block['line']}: copied {block['code'][:160]!r}, "
+                                f"the page's code {expected[:160]!r}")
+    print(f"usage blocks whose copy is the notebook's code: {compared}")
+    assert compared > 100
+    assert not failures, "\n".join(failures)
+
+
+def test_copied_implementations_run_alone_from_an_empty_directory(survey: dict[str, dict]) -> None:
+    """Each implementation (folded or not), as copied, alone in a fresh namespace, in a fresh
+    interpreter started in an empty directory."""
+    implementations = [(f"{name}, implementation block {c['index']}", c["copied"])
+                       for name in _reader_pages() for c in survey[name]["copies"] if _is_implementation(c)]
+    failures = [f"{label} failed in a fresh interpreter in an empty directory:\n{result.stderr[-3000:]}"
+                for label, result in _run_all([("the implementations, each alone", RUN_EACH_ALONE,
+                                                implementations)]) if result.returncode != 0]
     _record("copied-blocks-failures.json", "empty_directory", failures)
-    _record("copied-blocks.json", "empty_directory", {
-        "usage_blocks_per_page": counts, "usage_blocks": sum(counts.values()),
-        "implementation_blocks": len(implementations), "failed_scripts": len(failures)})
-    print(f"usage blocks run from an empty directory: {sum(counts.values())} on {len(counts)} pages; "
-          f"implementations run alone: {len(implementations)}")
-    assert sum(counts.values()) > 0
+    _record("copied-blocks.json", "empty_directory", {"implementation_blocks": len(implementations),
+                                                      "failed_scripts": len(failures)})
+    print(f"implementations run alone: {len(implementations)}")
+    assert len(implementations) > 10
     assert not failures, "\n\n".join(failures)
 
 
@@ -508,28 +470,50 @@ def _skipped_here(condition: str) -> bool:
     return False
 
 
+class _PasteReader(code.InteractiveConsole):
+    """``python``'s prompt reading pasted lines: what it compiles it would run (the notebook test
+    runs that code); a SyntaxError, or a block the prompt reads differently, is recorded."""
+
+    error: str | None = None
+
+    def runcode(self, compiled: object) -> None:  # read, don't run
+        return None
+
+    def showsyntaxerror(self, filename: str | None = None, **kwargs: object) -> None:
+        self.error = traceback.format_exc(limit=0)
+
+
 def test_copied_usage_blocks_paste_into_a_plain_repl(survey: dict[str, dict]) -> None:
-    """Each page's usage blocks fed line by line to ``code.InteractiveConsole``, one console per
-    page, as a reader pastes them into ``python``: a SyntaxError or an exception fails."""
+    """Each page's usage blocks, as copied, fed line by line to ``code.InteractiveConsole`` (the
+    reader pastes a block, then presses Enter): every line is accepted, and every statement the
+    prompt compiles is one of the block's (an indented line after a loop without a blank line
+    would be read as part of the loop, or refused). That the code runs, in page order from an
+    empty directory, is the notebook test's (see the test above)."""
     failures = []
-    jobs = []
     counts = {}
     for name in _reader_pages():
         usage, problem = _usage_blocks(name, survey[name]["copies"])
         if problem:
             failures.append(problem)
-        counts[name] = len([b for b in usage if not (b["skip"] and _skipped_here(b["skip"]))])
-        if usage:
-            jobs.append((name, RUN_IN_REPL, usage))
-    for label, result in _run_all(jobs):
-        if result.returncode != 0:
-            failures.append(f"{label}, pasted into a REPL:\n{result.stderr[-3000:]}")
+        counts[name] = len(usage)
+        for block in usage:
+            console = _PasteReader()
+            lines = block["code"].split("\n")
+            for number, line in enumerate(lines + [""], start=1):
+                console.push(line)
+                if console.error:
+                    shown = line if number <= len(lines) else "(Enter after the block)"
+                    failures.append(f"{name}, block {block['index']} (line {block['line']} of the page), line "
+                                    f"{number} of the block: {shown!r}\n{console.error}")
+                    break
+            if console.buffer:
+                failures.append(f"{name}, block {block['index']} (line {block['line']} of the page): the prompt "
+                                f"still waits for more after the block and an Enter")
     _record("copied-blocks-failures.json", "repl", failures)
-    _record("copied-blocks.json", "repl", {"usage_blocks_per_page": counts,
-                                           "usage_blocks": sum(counts.values()),
-                                           "failed_pages": len(failures)})
+    _record("copied-blocks.json", "repl", {"usage_blocks_per_page": counts, "usage_blocks": sum(counts.values()),
+                                           "failed_blocks": len(failures)})
     print(f"usage blocks pasted into a REPL: {sum(counts.values())} on {len(counts)} pages")
-    assert sum(counts.values()) > 0
+    assert sum(counts.values()) > 100
     assert not failures, "\n\n".join(failures)
 
 
