@@ -10,10 +10,12 @@ Read from the page's own MyST source, next to the ```` ```python ```` block they
     comment becomes a visible line above the block: "Run first: <what>". The checker in
     :mod:`audit` (``python docs/_ext/audit.py --alone``) finds the blocks that need one.
 
-What a block prints is shown beneath it: ``tests/docs/test_notebooks.py`` records, while it runs
-the page as a notebook, the standard output of each code block into
-``docs/_generated/outputs/<page>.json`` (with a hash of the block's code); the next build shows
-it under each block that calls ``print`` and whose code is unchanged, as "Output".
+What a block prints is shown beneath it, as "Output": ``docs/_data/outputs/<page>.json`` (committed)
+holds the standard output of each code block that prints, by a hash of the block's code, as
+recorded on CPU by ``TRAINOPT_RECORD_OUTPUTS=1 pytest tests/docs/test_notebooks.py``. That test
+runs each page as a notebook and fails when a printing block has no recorded output for its
+current code, or prints something else (numbers aside); so every build shows it, ``make html``
+from a clean clone included.
 
 Each guide, performance, concepts and troubleshooting page gets a "Download as a notebook"
 button under its title; the notebook (:mod:`notebooks`) is written next to the page's HTML.
@@ -31,7 +33,7 @@ from docutils import nodes
 from notebooks import NOTEBOOK_PAGES, notebook_for
 from sphinx.application import Sphinx
 
-OUTPUTS = "_generated/outputs"
+OUTPUTS = "_data/outputs"
 
 
 def code_sha1(code: str) -> str:
@@ -76,11 +78,6 @@ def annotate_blocks(app: Sphinx, doctree: nodes.document) -> None:
     if outputs_file.exists():
         app.env.note_dependency(str(outputs_file))
         outputs = json.loads(outputs_file.read_text())
-    elif any("print(" in block.body for block in fenced):
-        # not recorded yet: re-read the page once the notebook test has recorded it
-        from trainopt_docs import _missing_data
-
-        _missing_data(app.env).setdefault(docname, set()).add(str(outputs_file))
     for block, literal in zip(fenced, literals):
         before: list[nodes.Node] = []
         after: list[nodes.Node] = []
@@ -94,9 +91,7 @@ def annotate_blocks(app: Sphinx, doctree: nodes.document) -> None:
             text = "skipped where there is no CUDA device" if label == "needs CUDA" else "skipped elsewhere"
             before.append(_note(text, ["trainopt-needs-cuda" if label == "needs CUDA" else "trainopt-skips"],
                                 label))
-        recorded = outputs.get(str(block.line))
-        recorded = recorded if isinstance(recorded, dict) else {}
-        printed = recorded.get("stdout") if recorded.get("code_sha1") == code_sha1(block.body) else None
+        printed = outputs.get(code_sha1(block.body), {}).get("stdout")
         if printed and "print(" in block.body:
             after.append(nodes.rubric("", "Output", classes=["trainopt-output-title"]))
             output = nodes.literal_block(printed, printed, language="text", classes=["trainopt-output"])
