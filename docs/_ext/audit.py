@@ -282,6 +282,50 @@ print(json.dumps(results))
 '''
 
 
+def free_names(code: str) -> set[str]:
+    """Names a block reads that it neither assigns, imports, defines nor gets from builtins: what
+    it takes from the blocks above it. (Static, so it over-counts nothing a block defines itself
+    and misses only what a block reads indirectly, such as a file an earlier block wrote.)"""
+    import builtins
+
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return set()
+    defined, used = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (used if isinstance(node.ctx, ast.Load) else defined).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.arg):
+            defined.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            defined.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            defined.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            defined.update(node.names)
+    return used - defined - set(dir(builtins)) - {"__file__"}
+
+
+def unmarked_dependents(path: Path, root: Path | None = None) -> list[str]:
+    """Blocks that read names from the blocks above them and don't say what to run first."""
+    name = path.relative_to(root) if root else path
+    needs = needs_of(path)
+    problems = []
+    for block in blocks(path):
+        if block.info.split()[:1] != ["python"] or block.line in needs:
+            continue
+        free = sorted(free_names(_code_of(block)))
+        if free:
+            problems.append(f"{name}:{block.line}: reads {', '.join(free[:5])}{' ...' if len(free) > 5 else ''} "
+                            "from earlier blocks; put '% needs: <the block to run first>' above it")
+    return problems
+
+
 def alone_problems(path: Path, results: list[Alone], root: Path | None = None) -> list[str]:
     """Blocks that fail alone and don't say what to run first."""
     name = path.relative_to(root) if root else path

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from audit import alone_problems, audit, problems_in, run_alone, source_includes
+from audit import alone_problems, audit, problems_in, run_alone, source_includes, unmarked_dependents
 from trainopt_docs import source_with_imports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,6 +123,28 @@ ALONE_ENFORCED = [
     "concepts/optimization.md",
     "advanced/performance/benchmarking.md",
 ]
+
+
+READER_PAGES = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")
+                      if not any(part.startswith("_") for part in p.relative_to(DOCS).parts)
+                      and p.relative_to(DOCS).parts[0] != "reference")
+
+
+@pytest.mark.parametrize("page", READER_PAGES)
+def test_each_block_that_reads_earlier_names_says_what_to_run_first(page: str) -> None:
+    """Static, on every page: a block that reads a name it doesn't define (``digits_mlp``,
+    ``torch``) carries a ``% needs:`` line. The pages below also run each block alone."""
+    assert not unmarked_dependents(DOCS / page, DOCS), "\n".join(unmarked_dependents(DOCS / page, DOCS))
+
+
+def test_the_static_check_finds_a_block_that_reads_an_earlier_name(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("# T\n\n```python\nimport torch\nx = torch.ones(2)\n```\n\n```python\n"
+                    "def f(a):\n    return a + x\n\nprint([f(i) for i in range(2)], len(x))\n```\n")
+    assert [p.split(": ", 1)[1] for p in unmarked_dependents(page)] == ["reads x from earlier blocks; put '% needs"
+                                                                     ": <the block to run first>' above it"]
+    page.write_text(page.read_text().replace("\n\n```python\ndef", "\n\n% needs: the first block\n```python\ndef"))
+    assert unmarked_dependents(page) == []
 
 
 @pytest.mark.parametrize("page", ALONE_ENFORCED)
