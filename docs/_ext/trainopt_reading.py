@@ -93,9 +93,7 @@ def annotate_blocks(app: Sphinx, doctree: nodes.document) -> None:
                                 label))
         printed = outputs.get(code_sha1(block.body), {}).get("stdout")
         if printed and "print(" in block.body:
-            after.append(nodes.rubric("", "Output", classes=["trainopt-output-title"]))
-            output = nodes.literal_block(printed, printed, language="text", classes=["trainopt-output"])
-            after.append(output)
+            after += _output_nodes(printed)
         parent = literal.parent
         anchor = literal
         # a literal block may sit inside a container (caption); annotate around the outermost one
@@ -107,6 +105,25 @@ def annotate_blocks(app: Sphinx, doctree: nodes.document) -> None:
         index = parent.index(anchor)
         for offset, node in enumerate(after, start=1):
             parent.insert(index + offset, node)
+
+
+WIDE = 88  # characters of code that fit the content column at 1280 px
+
+
+def _output_nodes(printed: str) -> list[nodes.Node]:
+    """What a block printed, under an "Output" title. Long lines of prose wrap; a table wider than
+    the column (a profiler's) keeps its columns in a folded box that scrolls sideways."""
+    lines = printed.splitlines()
+    table = any(re.fullmatch(r"[-=]{3,}[-= ]*", line.strip()) for line in lines)
+    if table and max(map(len, lines)) > WIDE:
+        import html
+
+        return [nodes.raw("", '<details class="trainopt-output-wide"><summary>Output: a table '
+                          f"{max(map(len, lines))} characters wide</summary>"
+                          '<div class="highlight-text notranslate trainopt-output"><div class="highlight"><pre>'
+                          f"{html.escape(printed)}</pre></div></div></details>", format="html")]
+    title = nodes.rubric("", "Output", classes=["trainopt-output-title"])
+    return [title, nodes.literal_block(printed, printed, language="text", classes=["trainopt-output"])]
 
 
 def add_notebook_button(app: Sphinx, doctree: nodes.document) -> None:
