@@ -276,6 +276,8 @@ def _survey(browser: object, server: str, width: int, height: int, copies: bool)
             # Dropdowns are measured closed; their copy buttons are clicked open, as a reader does.
             page.evaluate("document.querySelectorAll('details').forEach(d => { d.open = true; })")
             found[name]["copies"] = page.evaluate(COPY_ALL_JS)
+            # Figures as a reader sees them: one in a dropdown is measured opened.
+            found[name]["figures"] = page.evaluate(LAYOUT_JS)["figures"]
     context.close()
     # Every measurement, for whoever reads a failure (copies left out: they are the pages' code).
     layout = {name: {k: v for k, v in page.items() if k != "copies"} for name, page in found.items()}

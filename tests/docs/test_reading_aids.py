@@ -36,7 +36,8 @@ def test_each_marked_block_shows_what_to_run_first(built_site: Path) -> None:
         if not needs:
             continue
         # the note sits right above its block; a "needs CUDA" note may come between
-        shown = re.findall(r'<p class="trainopt-block-note trainopt-needs"><span[^>]*>Run first</span> (.*?)</p>\s*'
+        # (inside a dropdown, sphinx-design adds its own class to the paragraph)
+        shown = re.findall(r'<p class="trainopt-block-note trainopt-needs(?![-\w])[^"]*"><span[^>]*>Run first</span> (.*?)</p>\s*'
                            r'(?:<p class="trainopt-block-note trainopt-(?:needs-cuda|skips)[^"]*">.*?</p>\s*)?'
                            r'<div class="[^"]*highlight-python', _html(built_site, page))
         assert [re.sub(r"<[^>]+>", "", s) for s in shown] == list(needs.values()), page
