@@ -5,8 +5,9 @@ Sybil collects:
   order in one namespace per page, exactly as a reader who pastes them into one interpreter;
   ``% skip: next if(<condition>, reason="...")`` skips the next block with a reason;
 - every ``>>>`` example in the docstrings of ``src/trainopt``, each docstring in an empty
-  namespace of its own (not the module's), so an example runs exactly as a reader who pastes it
-  alone into a fresh interpreter: it imports what it uses; ``.. skip: start if(<condition>,
+  namespace of its own (not the module's) and in an empty directory of its own, so an example
+  runs exactly as a reader who pastes it alone into a fresh interpreter anywhere: it imports
+  what it uses and reads no file of the repository by a relative path; ``.. skip: start if(<condition>,
   reason="...")`` … ``.. skip: end`` skips CUDA-only examples on a CPU (the condition is
   evaluated in the docstring's namespace, so an earlier example imports torch).
 
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 from doctest import ELLIPSIS, NORMALIZE_WHITESPACE
 
 import matplotlib
@@ -47,11 +50,12 @@ docs = Sybil(
 
 
 class IsolatedDocStringDocument(PythonDocStringDocument):
-    """Docstring examples of a module, each docstring in a fresh, empty namespace.
+    """Docstring examples of a module, each docstring in a fresh, empty namespace and directory.
 
     Sybil's own ``PythonDocStringDocument`` runs every example in the module's namespace, which
     hides a missing import. Here nothing of the module is visible, and the namespace is emptied
-    whenever the examples move on to the next docstring.
+    whenever the examples move on to the next docstring; the working directory is then a new
+    empty one (the module's examples share a temporary folder, removed with its last example).
     """
 
     def __init__(self, text: str, path: str) -> None:
@@ -68,7 +72,22 @@ class IsolatedDocStringDocument(PythonDocStringDocument):
             self.current = span
             example.namespace.clear()
             example.namespace["__name__"] = "__main__"
+            os.chdir(tempfile.mkdtemp(dir=_DOCSTRING_DIRS[-1][1]))
         raise NotEvaluated()
+
+
+# (the directory a module's examples started from, their temporary folder), innermost last
+_DOCSTRING_DIRS: list[tuple[str, str]] = []
+
+
+def _docstrings_setup(namespace: dict) -> None:
+    _DOCSTRING_DIRS.append((os.getcwd(), tempfile.mkdtemp(prefix="trainopt-docstrings-")))
+
+
+def _docstrings_teardown(namespace: dict) -> None:
+    started, folder = _DOCSTRING_DIRS.pop()
+    os.chdir(started)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 docstrings = Sybil(
@@ -77,6 +96,8 @@ docstrings = Sybil(
     path="src",
     name="docstrings",
     document_types={".py": IsolatedDocStringDocument},
+    setup=_docstrings_setup,
+    teardown=_docstrings_teardown,
 )
 
 pytest_collect_file = (docs + docstrings).pytest()
