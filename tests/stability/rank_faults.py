@@ -20,3 +20,10 @@ def skip_a_collective(bad_rank: int = 1) -> float:
     if dist.get_rank() != bad_rank:
         dist.all_reduce(total)
     return float(total)
+
+
+def environment_variable(name: str) -> str | None:
+    """What this rank reads from its environment under ``name``."""
+    import os
+
+    return os.environ.get(name)

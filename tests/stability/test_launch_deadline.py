@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from rank_faults import skip_a_collective
+from rank_faults import environment_variable, skip_a_collective
 
 from trainopt.perf.distributed.processes import WorkerError, WorkerTimeoutError, launch
 
@@ -34,3 +34,14 @@ def test_ranks_still_running_at_the_deadline_are_stopped_and_named() -> None:
     assert info.value.ranks == [0, 1]
     message = str(info.value)
     assert "rank 0 was in:" in message and "in all_reduce" in message  # where rank 0 waits
+
+
+def test_each_launch_gives_its_ranks_the_callers_environment_as_it_is_then(monkeypatch) -> None:
+    """Ranks started by a forkserver (which starts once) still see a variable set after the first
+    launch, and no longer see one removed since."""
+    monkeypatch.setenv("TRAINOPT_LAUNCH_CHECK", "first")
+    assert launch(environment_variable, 2, "TRAINOPT_LAUNCH_CHECK", timeout=WITHIN) == ["first", "first"]
+    monkeypatch.setenv("TRAINOPT_LAUNCH_CHECK", "second")
+    assert launch(environment_variable, 2, "TRAINOPT_LAUNCH_CHECK", timeout=WITHIN) == ["second", "second"]
+    monkeypatch.delenv("TRAINOPT_LAUNCH_CHECK")
+    assert launch(environment_variable, 2, "TRAINOPT_LAUNCH_CHECK", timeout=WITHIN) == [None, None]

@@ -164,8 +164,26 @@ def single_process_group(backend: str = "gloo") -> Iterator[None]:
         dist.destroy_process_group()
 
 
+def _start_method() -> str:
+    """How :func:`launch` starts its ranks: ``"forkserver"`` where the platform has it (Linux,
+    macOS), ``"spawn"`` elsewhere. Either way a rank is a fresh process that imports ``fn`` by
+    name and shares no state with the caller; a forkserver imports torch once, and each rank
+    forks from it in milliseconds instead of importing torch again (about 3 s a launch on a CPU).
+    """
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    multiprocessing.set_forkserver_preload(["torch", __name__])  # read when the server starts
+    return "forkserver"
+
+
 def _run_rank(rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, port: int,
-              backend: str, out_dir: str, collective_timeout: float) -> None:
+              backend: str, out_dir: str, collective_timeout: float, environ: dict[str, str]) -> None:
+    # The caller's environment as it is now (a forkserver's ranks would otherwise see the
+    # environment from when the server started).
+    os.environ.clear()
+    os.environ.update(environ)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs))
     if hasattr(signal, "SIGUSR1"):  # launch asks a rank that is late where it is
@@ -227,8 +245,9 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None 
     Each process gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
     ``MASTER_PORT`` (a free loopback port) in its environment, as ``torchrun`` sets them, and
     joins the default group with ``init_method="env://"``. ``fn`` must be importable (defined
-    in a module, not in ``__main__`` or a notebook), because the processes are spawned. Its
-    result must be made of tensors, numbers, strings, lists and dicts.
+    in a module, not in ``__main__`` or a notebook): each rank is a fresh process (started by a
+    forkserver that has imported torch once, or spawned where there is none) with the caller's
+    environment. Its result must be made of tensors, numbers, strings, lists and dicts.
 
     Nothing waits forever: a collective that waits more than ``collective_timeout`` seconds for
     the other ranks raises on its rank (ranks that disagree on the collectives they call, for
@@ -274,8 +293,9 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None 
     with tempfile.TemporaryDirectory(prefix="trainopt-launch-") as out_dir:
         try:
             context = mp.start_processes(
-                _run_rank, args=(fn, args, nprocs, free_port(), backend, out_dir, float(collective_timeout)),
-                nprocs=nprocs, join=False, start_method="spawn")
+                _run_rank, args=(fn, args, nprocs, free_port(), backend, out_dir, float(collective_timeout),
+                                 dict(os.environ)),
+                nprocs=nprocs, join=False, start_method=_start_method())
             while not context.join(None if deadline is None else max(0.0, deadline - time.monotonic()),
                                    grace_period=5.0):
                 if deadline is not None and time.monotonic() >= deadline:
