@@ -26,7 +26,6 @@ that reason elsewhere, except in CI (``CI`` set), where a missing browser is a f
 
 from __future__ import annotations
 
-import ast
 import code
 import functools
 import importlib
@@ -44,7 +43,6 @@ import traceback
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -317,7 +315,7 @@ def _is_implementation(copy: dict) -> bool:
 
 
 def _usage_blocks(name: str, copies: list[dict]) -> tuple[list[dict], str | None]:
-    """A page's usage blocks as copied, each with the skip condition its page puts before it.
+    """A page's usage blocks as copied, each with its index among them and its line on the page.
 
     Returns ``(blocks, problem)``: ``problem`` says why the copy buttons don't match the page's
     ```` ```python ```` blocks one to one.
@@ -326,18 +324,8 @@ def _usage_blocks(name: str, copies: list[dict]) -> tuple[list[dict], str | None
     fenced = [b for b in blocks(DOCS / name.replace(".html", ".md")) if b.info.split()[:1] == ["python"]]
     if len(python) != len(fenced):
         return [], f"{name}: {len(python)} python copy buttons for {len(fenced)} ```python blocks"
-    return [{"index": n, "line": block.line, "code": copy["copied"], "skip": _skip_condition(block.skipped_by)}
+    return [{"index": n, "line": block.line, "code": copy["copied"]}
             for n, (copy, block) in enumerate(zip(python, fenced), start=1)], None
-
-
-def _skip_condition(skip: str | None) -> str | None:
-    """``next if(<condition>, reason="...")`` -> ``<condition>``, evaluated as Sybil does: in the
-    page's namespace, when the block's turn comes."""
-    if skip is None:
-        return None
-    call = ast.parse("f" + skip.strip().removeprefix("next").strip().removeprefix("if"), mode="eval").body
-    assert isinstance(call, ast.Call) and call.args, skip
-    return ast.unparse(call.args[0])
 
 
 # The runner reads JSON on stdin and keeps its own names out of the reader's namespace: a block that
@@ -375,12 +363,6 @@ def _fresh_python(runner: str, payload: object, timeout: int = 900) -> subproces
     with tempfile.TemporaryDirectory(prefix="trainopt-reader-") as empty:
         return subprocess.run([sys.executable, "-c", runner], input=json.dumps(payload),
                               capture_output=True, text=True, cwd=empty, env=env, timeout=timeout)
-
-
-def _run_all(jobs: list[tuple[str, str, object]]) -> list[tuple[str, subprocess.CompletedProcess[str]]]:
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda job: _fresh_python(job[1], job[2]), jobs))
-    return [(label, result) for (label, _, _), result in zip(jobs, results)]
 
 
 def _record(artifact: str, key: str, value: object) -> None:
@@ -455,9 +437,9 @@ def test_copied_implementations_run_alone_from_an_empty_directory(survey: dict[s
     interpreter started in an empty directory."""
     implementations = [(f"{name}, implementation block {c['index']}", c["copied"])
                        for name in _reader_pages() for c in survey[name]["copies"] if _is_implementation(c)]
-    failures = [f"{label} failed in a fresh interpreter in an empty directory:\n{result.stderr[-3000:]}"
-                for label, result in _run_all([("the implementations, each alone", RUN_EACH_ALONE,
-                                                implementations)]) if result.returncode != 0]
+    result = _fresh_python(RUN_EACH_ALONE, implementations)
+    failures = [f"the implementations, each alone, failed in a fresh interpreter in an empty directory:\n"
+                f"{result.stderr[-3000:]}"] if result.returncode != 0 else []
     _record("copied-blocks-failures.json", "empty_directory", failures)
     _record("copied-blocks.json", "empty_directory", {"implementation_blocks": len(implementations),
                                                       "failed_scripts": len(failures)})
