@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from audit import blocks
 from notebooks import NOTEBOOK_PAGES, notebook_for
 from trainopt_reading import code_sha1
 
@@ -73,7 +74,7 @@ def test_the_notebook_runs_in_a_fresh_kernel_in_an_empty_directory(page: str, tm
     seconds = round(time.perf_counter() - started, 1)
     skipped = sum("skipped: " in "".join(o.get("text", "") for o in cell.get("outputs", []))
                   for cell in notebook.cells if cell.cell_type == "code")
-    printed = _printed(notebook)
+    printed = _printed(notebook, page)
     target = OUTPUTS / f"{page}.json"
     if os.environ.get("TRAINOPT_RECORD_OUTPUTS") == "1":
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -99,8 +100,10 @@ def test_the_notebook_runs_in_a_fresh_kernel_in_an_empty_directory(page: str, tm
                    "cells_skipped_here": skipped})
 
 
-def _printed(notebook: object) -> dict[str, dict]:
-    """What each block that runs here printed, by the hash of the block's code (and its line)."""
+def _printed(notebook: object, page: str) -> dict[str, dict]:
+    """What each block that runs here printed, by the hash of the page block's code (the key the
+    site looks it up by; a doctest block's cell holds converted code) and its line."""
+    on_page = {block.line: block for block in blocks(DOCS / f"{page}.md")}
     printed = {}
     for cell in notebook.cells:
         where = cell.get("metadata", {}).get("trainopt")
@@ -108,7 +111,7 @@ def _printed(notebook: object) -> dict[str, dict]:
             continue
         text = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout")
         if text.strip():
-            printed[code_sha1(cell.source)] = {"line": where["line"], "stdout": text.rstrip("\n")}
+            printed[code_sha1(on_page[where["line"]].body)] = {"line": where["line"], "stdout": text.rstrip("\n")}
     return printed
 
 
