@@ -69,6 +69,11 @@ def _params_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
 
+def _ratios_by_param(optimizer: torch.optim.Optimizer, lr_ratios: dict[int, torch.Tensor]) -> dict[Any, torch.Tensor]:
+    return {p: lr_ratios[id(group)] for group in optimizer.param_groups if id(group) in lr_ratios
+            for p in group["params"]}
+
+
 def _watch_new_state(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> dict[Any, _FirstAssignments]:
     """Replace each empty state dict by one that records first assignments."""
     watched = {}
@@ -103,7 +108,10 @@ def _unwatch(optimizer: torch.optim.Optimizer, watched: dict[Any, _FirstAssignme
 
 
 @torch.no_grad()
-def masked_step(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+def masked_step(
+    optimizer: torch.optim.Optimizer, found_inf: torch.Tensor, *args: Any,
+    lr_ratios: dict[int, torch.Tensor] | None = None, **kwargs: Any,
+) -> Any:
     """Run ``optimizer.step()`` and undo it where ``found_inf`` is non-zero, without a host sync.
 
     Parameters and every tensor in the optimizer state are copied before the step and chosen
@@ -119,11 +127,17 @@ def masked_step(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor, *args
     ``fused=True``), so with CUDA parameters that copy is a host sync on every step;
     :func:`~trainopt.stability.optimizers.check_skippable` names those configurations.
 
+    With ``lr_ratios`` (``{id(param_group): ratio}``, 0-d device tensors), the change each
+    applied step makes to a group's parameters is multiplied by its ratio: the step ran at a
+    Python-float rate ``r`` and the rate wanted is ``ratio * r``, exact for an update linear in the
+    rate (:class:`~trainopt.stability.schedule_window.ScheduleWindow` hands these out).
+
     Args:
         optimizer: A ``torch.optim.Optimizer`` (see
             :func:`~trainopt.stability.optimizers.check_skippable` for the ones it refuses).
         found_inf: 0-d tensor, non-zero when this step must be skipped.
         *args: Passed to ``optimizer.step``.
+        lr_ratios: Per param group, the factor of the step's change (see above), or ``None``.
         **kwargs: Passed to ``optimizer.step``.
 
     Returns:
@@ -141,6 +155,7 @@ def masked_step(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor, *args
     """
     masks = _Masks(found_inf)
     params = _params_with_grad(optimizer)
+    ratios = _ratios_by_param(optimizer, lr_ratios) if lr_ratios else {}
     old_params = [p.detach().clone() for p in params]
     old_state = {p: {k: v.detach().clone() for k, v in optimizer.state[p].items() if torch.is_tensor(v)}
                  for p in params if optimizer.state.get(p)}
@@ -151,7 +166,8 @@ def masked_step(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor, *args
         _unwatch(optimizer, watched)
         raise
     for p, old in zip(params, old_params):
-        p.copy_(torch.where(masks(p), old, p))
+        ratio = ratios.get(p)
+        p.copy_(torch.where(masks(p), old, p if ratio is None else torch.lerp(old, p, ratio.to(p.dtype))))
     for p, before in old_state.items():
         for key, value in optimizer.state[p].items():
             if torch.is_tensor(value):

@@ -38,33 +38,24 @@ loads the file rank 0 picked.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trainopt.stability.averaging import masked_update_parameters
 from trainopt.stability.checker import StabilityChecker
 from trainopt.stability.checkpoint import CheckpointManager
-from trainopt.stability.clipping import clip_grads_with_norm_
-from trainopt.stability.distributed import all_gather, barrier, broadcast_from_rank0, is_main_process
+from trainopt.stability.core import GuardedUpdate
+from trainopt.stability.distributed import all_gather
 from trainopt.stability.gradients import GradientMonitor
 from trainopt.stability.monitors import LossStabilityMonitor
-from trainopt.stability.optimizers import check_no_step_hooks, skips_in_kernel
-from trainopt.stability.rates import lr_scale, scale_learning_rate
 from trainopt.stability.recovery import TrainingRecovery
 from trainopt.stability.scaling import DynamicLossScaler
-from trainopt.stability.schedule_window import ScheduleWindow
-from trainopt.stability.skip import fused_step, masked_step
-from trainopt.stability.settings import DTYPES, check_settings, is_metric_scheduler, step_with_metric
+from trainopt.stability.settings import DTYPES, check_settings
 from trainopt.stability.stabilizer_state import Gathered, RankEntries
 
 __all__ = ["StabilityChecker", "TrainingStabilizer"]
-
-_TRAJECTORY = ("steps", "total_skipped", "skipped", "checker", "last_save")
-
 
 def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
@@ -177,10 +168,7 @@ class TrainingStabilizer:
         self.optimizer, self.scheduler = self.optimizers[0], self.schedulers[0]
         self.dtype = None if dtype is torch.float32 else dtype
         self.scaler = scaler if scaler is not None else (DynamicLossScaler() if dtype is torch.float16 else None)
-        self.max_grad_norm, self.clipper = max_grad_norm, clipper
-        self.check_every, self.accumulate, self.skip_unstable = check_every, accumulate, skip_unstable
-        self.averaged = [] if averaged is None else _as_list(averaged)
-        self.data, self.process_group = data, process_group
+        self.check_every, self.accumulate = check_every, accumulate
         if recovery is None and checkpoint_dir is not None:
             manager = CheckpointManager(checkpoint_dir, save_frequency=save_every or check_every, keep_last=keep_last)
             recovery = TrainingRecovery(model, self.optimizer, manager, scheduler=self.scheduler, scaler=self.scaler,
@@ -188,29 +176,18 @@ class TrainingStabilizer:
                                         max_recovery_attempts=max_rollbacks, patience=patience)
         elif recovery is not None and recovery.scaler is None:
             recovery.scaler = self.scaler
-        self.recovery = recovery
-        self.save_every = getattr(getattr(recovery, "checkpoint_manager", None), "save_frequency", None)
         if checker is None:
             monitored = self.optimizer if len(self.optimizers) == 1 else model
             checker = StabilityChecker(
                 monitored, LossStabilityMonitor(window_size, spike_factor, check_every, min_history),
                 GradientMonitor(monitored, window_size, explosion_factor, min_history, check_every),
                 check_every=check_every, process_group=process_group)
-        self.checker = checker
-        self.params = [p for opt in self.optimizers for group in opt.param_groups for p in group["params"]]
-        self.device = self.params[0].device
-        self.fused = [skips_in_kernel(opt) for opt in self.optimizers]
-        self.window = ScheduleWindow([(opt, None if is_metric_scheduler(sched) else sched)
-                                      for opt, sched in zip(self.optimizers, self.schedulers)], check_every)
-        self.window.check()
-        self.steps = 0
+        self.core = GuardedUpdate(
+            model, self.optimizers, self.schedulers, checker=checker, recovery=recovery,
+            check_every=check_every, max_grad_norm=max_grad_norm, clipper=clipper,
+            skip_unstable=skip_unstable, averaged=[] if averaged is None else _as_list(averaged), data=data,
+            process_group=process_group, scaler=self.scaler, trajectory=self._trajectory)
         self.micro = 0
-        self.last_save: int | None = None
-        self.skipped = torch.zeros((), dtype=torch.long, device=self.device)
-        self.total_skipped = 0  # skipped steps on the current trajectory (rewound on rollback)
-        self.skip_events = 0  # every step ever skipped, rolled back or not
-        self.last_report: dict[str, Any] | None = None
-        self.reports: list[dict[str, Any]] = []
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The autocast context of this stabilizer (a no-op in full precision)."""
@@ -226,13 +203,10 @@ class TrainingStabilizer:
         anything when the recovery asks to skip this batch (after a rollback).
         """
         if self.micro == 0:
-            if self.recovery is not None and self.recovery.should_skip_batch():
+            if not self.core.begin():
                 return None
             for opt in self.optimizers:
-                check_no_step_hooks(opt)
                 opt.zero_grad(set_to_none=True)
-            if self.steps == 0 and self.last_save is None:
-                self._save(math.inf)  # the first rollback target: a run that diverges at once
         self.micro += 1
         last = self.micro == self.accumulate
         no_sync = getattr(self.model, "no_sync", None)
@@ -245,91 +219,23 @@ class TrainingStabilizer:
         self._loss_sum = loss.float() if self.micro == 1 else self._loss_sum + loss.float()
         if last:
             self.micro = 0
-            self._update(self._loss_sum / self.accumulate if self.accumulate > 1 else loss)
+            self.core.update(self._loss_sum / self.accumulate if self.accumulate > 1 else loss)
         return loss
 
-    def _update(self, loss: torch.Tensor) -> None:
-        """The guarded update of one step: monitors, clipping, skip, schedule and averages."""
-        if self.scaler is not None:
-            for opt in self.optimizers:
-                self.scaler.unscale_(opt)
-        flag = self.checker.update(loss)
-        skip = flag if self.skip_unstable else self.checker.nonfinite_grads
-        norm = self.checker.last_grad_norm
-        if self.clipper is not None:
-            self.clipper.clip(self.params, total_norm=norm)
-        elif self.max_grad_norm is not None:
-            clip_grads_with_norm_(self.params, self.max_grad_norm, norm)
-        found_inf = skip.to(torch.float32)
-        with self.window.applied():
-            for opt, fused in zip(self.optimizers, self.fused):
-                (fused_step if fused else masked_step)(opt, found_inf)
-        self.window.count(skip)
-        for average in self.averaged:
-            masked_update_parameters(average, self.model, skip)
-        self.skipped.add_(skip.long())
-        if self.scaler is not None:
-            self.scaler.update()
-        self.steps += 1
-        if self.steps % self.check_every == 0:
-            self.check()
-
     def check(self) -> dict[str, Any]:
-        """The boundary: read the statistics, step the schedules, then roll back or checkpoint."""
-        report = self.checker.check()
-        skipped = int(self.skipped.item())
-        self.skipped.zero_()
-        self.total_skipped += skipped
-        self.skip_events += skipped
-        self.window.close(self.check_every - skipped)
-        report.update(step=self.steps, skipped_steps=skipped, recovered=None)
-        metric_stepped = [s for s in self.schedulers if is_metric_scheduler(s)]
-        if metric_stepped and math.isfinite(report["loss"]["median"]):
-            for scheduler in metric_stepped:
-                step_with_metric(scheduler, report["loss"]["median"])
-            self.window.reopen()
-        reason = self.recovery.check(report) if self.recovery is not None else None
-        if reason is not None:
-            self._roll_back(reason)
-            report["recovered"] = reason
-        elif report["is_stable"]:  # nothing flagged: a window to compare with, a state to return to
-            self.checker.accept(report)
-            if self._checkpoint_due():
-                self._save(report["loss"]["median"])
-        self.last_report = report
-        self.reports.append(report)
-        return report
+        """End the window now: read the statistics, step the schedules, then roll back or checkpoint.
 
-    def _extra(self, resume: bool) -> dict[str, Any]:
-        extra = {"stabilizer": RankEntries(self, resume=resume)}
-        for i, (opt, sched) in enumerate(zip(self.optimizers[1:], self.schedulers[1:]), start=1):
-            extra[f"optimizer_{i}"] = opt
-            if sched is not None:
-                extra[f"scheduler_{i}"] = sched
-        extra.update({f"averaged_{i}": average for i, average in enumerate(self.averaged)})
-        return extra
+        The stabilizer calls it every ``check_every`` steps; called between boundaries, the
+        schedule moves on by the steps applied since the last one, as plain torch's would.
+        """
+        return self.core.boundary()
 
-    def _roll_back(self, reason: str) -> None:
-        manager = self.recovery.checkpoint_manager
-        path = broadcast_from_rank0(manager.latest_path() if manager is not None else None, self.process_group)
-        self.recovery.recover(reason, path=path, extra=self._extra(resume=False))
-        for opt, sched in zip(self.optimizers[1:], self.schedulers[1:]):  # the main one is cut by the recovery
-            saved = lr_scale(opt)
-            if saved != self.recovery.lr_scale:
-                scale_learning_rate(opt, self.recovery.lr_scale / saved, sched)
-        self.window.reopen()
-
-    def _save(self, loss: float) -> None:
-        manager = getattr(self.recovery, "checkpoint_manager", None)
-        if manager is None:
-            return
-        self.last_save = self.steps
-        ranks = {"ranks": all_gather(RankEntries(self, resume=True).local(), self.process_group)}
-        if is_main_process(self.process_group):
-            extra = {**self._extra(resume=True), "stabilizer": Gathered(ranks), "recovery": self.recovery}
-            manager.save_checkpoint(self.model, self.optimizer, self.steps, loss if math.isfinite(loss) else math.inf,
-                                    scheduler=self.scheduler, scaler=self.scaler, extra=extra)
-        barrier(self.process_group)  # no rank reads the directory before the file is complete
+    def _trajectory(self, mode: str) -> dict[str, Any]:
+        """The per-rank part of a checkpoint (see :class:`~trainopt.stability.stabilizer_state.RankEntries`)."""
+        if mode == "save":
+            return {"stabilizer": Gathered({"ranks": all_gather(RankEntries(self, resume=True).local(),
+                                                                 self.process_group)})}
+        return {"stabilizer": RankEntries(self, resume=mode == "resume")}
 
     def resume(self) -> int | None:
         """Load the newest valid boundary checkpoint into everything; return its step (``None``: none).
@@ -338,55 +244,61 @@ class TrainingStabilizer:
         rank's stabilizer state, random number generators and data position: the run continues
         exactly where the checkpoint was taken. Every rank loads the file rank 0 picked.
         """
-        manager = getattr(self.recovery, "checkpoint_manager", None)
-        if manager is None:
-            raise ValueError("resume() needs checkpoint_dir= (or a recovery with a checkpoint_manager)")
-        path = broadcast_from_rank0(manager.latest_path(), self.process_group)
-        if path is None:
-            return None
-        step, _ = manager.load_checkpoint(
-            self.model, self.optimizer, path, scheduler=self.scheduler, scaler=self.scaler,
-            extra={**self._extra(resume=True), "recovery": self.recovery}, restore_rng=False,
-        )
-        self.window.reopen()
-        return step
-
-    def _checkpoint_due(self) -> bool:
-        if self.save_every is None:
-            return False
-        return self.last_save is None or self.steps - self.last_save >= self.save_every
+        return self.core.resume()
 
     @property
     def applied_steps(self) -> int:
         """Optimizer steps applied so far (reads the device)."""
         return self.steps - self.total_skipped - int(self.skipped.item())
 
+    @property
+    def last_lr(self) -> list[Any]:
+        """The learning rate of each group of the first optimizer as the last step used it, exactly.
+
+        A Python float, or a 0-d device tensor while the schedule changes the rate within the
+        window (reading it as a float is a host read). ``param_groups`` hold the rate at the
+        host's count of steps, the same until the window's first skipped step.
+        """
+        return self.window.applied_rates()[0]
+
     def state_dict(self) -> dict[str, Any]:
         """Counters, checker windows and clipper statistics (loads with ``weights_only=True``)."""
-        state = {"steps": self.steps, "total_skipped": self.total_skipped, "skip_events": self.skip_events,
-                 "skipped": self.skipped.detach().clone(), "checker": self.checker.state_dict(),
-                 "last_save": -1 if self.last_save is None else self.last_save}
-        if self.clipper is not None and hasattr(self.clipper, "state_dict"):
-            state["clipper"] = self.clipper.state_dict()
-        return state
+        return self.core.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
-        self._load_trajectory(state)
-        self.skip_events = int(state["skip_events"])
+        self.core.load_state_dict(state)
+        self.micro = 0
 
     def _load_trajectory(self, state: dict[str, Any]) -> None:
         """Everything but the count of every skip ever made (a rollback keeps counting)."""
-        missing = [k for k in (*_TRAJECTORY, "skip_events") if k not in state]
-        if ("clipper" in state) != (self.clipper is not None and hasattr(self.clipper, "state_dict")):
-            missing.append("clipper (in the state or in this stabilizer, not both)")
-        if missing:
-            raise KeyError(f"TrainingStabilizer state_dict does not fit: {missing}")
-        self.checker.load_state_dict(state["checker"])
-        if "clipper" in state:
-            self.clipper.load_state_dict(state["clipper"])
-        self.steps = int(state["steps"])
-        self.total_skipped = int(state["total_skipped"])
-        self.last_save = None if int(state["last_save"]) < 0 else int(state["last_save"])
-        self.skipped = state["skipped"].detach().clone().to(self.device)
+        self.core.load_state_dict(state, trajectory_only=True)
         self.micro = 0
+
+
+def _delegate(name: str, doc: str) -> property:
+    return property(lambda self: getattr(self.core, name), doc=doc)
+
+
+for _name, _doc in (
+    ("steps", "Guarded steps on the current trajectory, applied or skipped."),
+    ("skipped", "Steps skipped in the open window (a 0-d device tensor)."),
+    ("total_skipped", "Skipped steps on the current trajectory up to the last boundary."),
+    ("skip_events", "Every step ever skipped, rolled back or not."),
+    ("last_report", "The report of the last boundary, or ``None``."),
+    ("reports", "Every boundary's report."),
+    ("checker", "The :class:`~trainopt.stability.checker.StabilityChecker`."),
+    ("recovery", "The :class:`~trainopt.stability.recovery.TrainingRecovery`, or ``None``."),
+    ("window", "The :class:`~trainopt.stability.schedule_window.ScheduleWindow`."),
+    ("last_save", "The step of the last checkpoint written, or ``None``."),
+    ("save_every", "Steps between checkpoints, or ``None``."),
+    ("averaged", "The averaged models updated after each applied step."),
+    ("data", "The position in the data saved with each checkpoint, or ``None``."),
+    ("process_group", "The ranks that agree on every decision."),
+    ("max_grad_norm", "The clipping threshold, or ``None``."),
+    ("clipper", "The clipper used instead of ``max_grad_norm``, or ``None``."),
+    ("skip_unstable", "Whether spikes and explosions are skipped too."),
+    ("params", "Every parameter of the optimizers."),
+    ("device", "The parameters' device."),
+):
+    setattr(TrainingStabilizer, _name, _delegate(_name, _doc))

@@ -28,7 +28,6 @@ Lightning's ``.ckpt``, ``accelerator.save_state``) resumes it, mid-window includ
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +35,11 @@ import torch
 
 from trainopt.stability.checker import StabilityChecker
 from trainopt.stability.checkpoint import CheckpointManager
-from trainopt.stability.clipping import clip_grads_with_norm_
-from trainopt.stability.distributed import barrier, broadcast_from_rank0, is_main_process
+from trainopt.stability.core import GuardedUpdate
 from trainopt.stability.gradients import GradientMonitor
 from trainopt.stability.monitors import LossStabilityMonitor
-from trainopt.stability.optimizers import check_no_step_hooks, check_skippable, skips_in_kernel
 from trainopt.stability.recovery import TrainingRecovery
-from trainopt.stability.schedule_window import ScheduleWindow
-from trainopt.stability.skip import fused_step, masked_step
+from trainopt.stability.settings import check_settings, is_metric_scheduler
 
 __all__ = ["GuardedOptimizer", "WindowScheduler"]
 
@@ -74,10 +70,14 @@ class WindowScheduler(torch.optim.lr_scheduler.LRScheduler):
         """Nothing: the real scheduler moves at each boundary, once per applied step."""
 
     def get_last_lr(self) -> list[float]:
-        """The real scheduler's last rates (as of the last boundary)."""
-        if self.scheduler is None:
-            return [float(g["lr"]) for g in self.optimizer.param_groups]
-        return self.scheduler.get_last_lr()
+        """The rate of each group as the guard's last step used it, as Python floats.
+
+        What logging callbacks read (the ``Trainer``'s ``learning_rate`` after every step;
+        Lightning's ``LearningRateMonitor`` reads ``param_groups``, which hold the same values):
+        the rate at the host's count of steps, which is the rate applied until the window's first
+        skipped step (see :mod:`trainopt.stability.schedule_window`).
+        """
+        return [g["lr"] for g in self.optimizer.param_groups]
 
     @property
     def last_epoch(self) -> int:
@@ -92,21 +92,21 @@ class WindowScheduler(torch.optim.lr_scheduler.LRScheduler):
         """Load the real scheduler's state; the guard reopens its window at the next step."""
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state_dict)
-        if self.optimizer._reopen is False:
-            self.optimizer._reopen = True
+        if self.optimizer._reopen is None:
+            self.optimizer._reopen = {}
 
 
 class _Trajectory:
-    """The guard's monitors in a rollback checkpoint (the counters keep going on a rollback)."""
+    """The guard's part of a checkpoint: the update's counters and monitor windows."""
 
-    def __init__(self, guard: GuardedOptimizer) -> None:
-        self.guard = guard
+    def __init__(self, guard: GuardedOptimizer, trajectory_only: bool) -> None:
+        self.guard, self.trajectory_only = guard, trajectory_only
 
     def state_dict(self) -> dict[str, Any]:
-        return {"checker": self.guard.checker.state_dict()}
+        return self.guard.core.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.guard.checker.load_state_dict(state["checker"])
+        self.guard.core.load_state_dict(state, trajectory_only=self.trajectory_only)
 
 
 class GuardedOptimizer(torch.optim.Optimizer):
@@ -150,42 +150,40 @@ class GuardedOptimizer(torch.optim.Optimizer):
         checkpoint_dir: str | Path | None = None, save_every: int | None = None, keep_last: int | None = 3,
         lr_factor: float = 0.5, max_rollbacks: int = 3, patience: int = 10, process_group: Any = None,
     ) -> None:
-        check_skippable(optimizer)
-        check_no_step_hooks(optimizer)
-        if not isinstance(check_every, int) or isinstance(check_every, bool) or check_every < 1:
-            raise ValueError(f"check_every must be a positive int, got {check_every=}")
-        if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
-            raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm=}")
-        if scheduler is not None and getattr(scheduler, "optimizer", optimizer) is not optimizer:
-            raise ValueError(f"scheduler {type(scheduler).__name__} drives another optimizer than the one guarded")
+        check_settings(model or torch.nn.Module(), [optimizer], [scheduler], dtype=None, scaler=None,
+                       check_every=check_every, accumulate=1, max_grad_norm=max_grad_norm,
+                       checkpoint_dir=checkpoint_dir, save_every=save_every, recovery=None)
         if checkpoint_dir is not None and model is None:
             raise ValueError("checkpoint_dir= needs model= (a rollback restores the model)")
         self.optimizer, self.model = optimizer, model
         self.param_groups, self.state, self.defaults = optimizer.param_groups, optimizer.state, optimizer.defaults
-        self.check_every, self.max_grad_norm, self.skip_unstable = check_every, max_grad_norm, skip_unstable
-        self.process_group = process_group
-        self.checker = StabilityChecker(
+        recovery = None
+        if checkpoint_dir is not None:
+            manager = CheckpointManager(checkpoint_dir, save_frequency=save_every or check_every, keep_last=keep_last)
+            recovery = TrainingRecovery(model, optimizer, manager, scheduler=scheduler, lr_factor=lr_factor,
+                                        max_recovery_attempts=max_rollbacks, patience=patience)
+        checker = StabilityChecker(
             optimizer, LossStabilityMonitor(window_size, spike_factor, check_every, min_history),
             GradientMonitor(optimizer, window_size, explosion_factor, min_history, check_every),
             check_every=check_every, process_group=process_group)
-        self.window = ScheduleWindow([(optimizer, scheduler)], check_every)
-        self.window.check()
-        self.scheduler = WindowScheduler(self, scheduler)
-        self.recovery, self.save_every = None, save_every or check_every
-        if checkpoint_dir is not None:
-            manager = CheckpointManager(checkpoint_dir, save_frequency=save_every or check_every, keep_last=keep_last)
-            self.recovery = TrainingRecovery(model, optimizer, manager, scheduler=scheduler, lr_factor=lr_factor,
-                                             max_recovery_attempts=max_rollbacks, patience=patience)
-        self.params = [p for group in optimizer.param_groups for p in group["params"]]
-        self.fused = skips_in_kernel(optimizer)
-        self.steps = 0  # guarded steps (applied or skipped); a boundary every check_every
-        self.total_skipped = 0  # read at the boundaries
-        self.last_save: int | None = None
-        self.last_report: dict[str, Any] | None = None
-        self.reports: list[dict[str, Any]] = []
+        self.core = GuardedUpdate(
+            model, [optimizer], [scheduler], checker=checker, recovery=recovery, check_every=check_every,
+            max_grad_norm=max_grad_norm, skip_unstable=skip_unstable, process_group=process_group,
+            trajectory=lambda mode: {"guard": _Trajectory(self, trajectory_only=mode == "rollback")})
+        self.scheduler = WindowScheduler(self, None if is_metric_scheduler(scheduler) else scheduler)
+        self.metric_scheduler = scheduler if is_metric_scheduler(scheduler) else None
         self._loss_sum: torch.Tensor | None = None
         self._loss_count = 0
-        self._reopen: bool | torch.Tensor = False
+        self._reopen: dict[str, Any] | None = None  # the update's state to reopen the window with
+
+    check_every = property(lambda self: self.core.check_every, doc="Steps between boundaries.")
+    max_grad_norm = property(lambda self: self.core.max_grad_norm, doc="The clipping threshold, or ``None``.")
+    checker = property(lambda self: self.core.checker, doc="The monitors.")
+    recovery = property(lambda self: self.core.recovery, doc="The rollback rules, or ``None``.")
+    window = property(lambda self: self.core.window, doc="The schedule window.")
+    steps = property(lambda self: self.core.steps, doc="Guarded steps on the current trajectory.")
+    last_report = property(lambda self: self.core.last_report, doc="The last boundary's report, or ``None``.")
+    reports = property(lambda self: self.core.reports, doc="Every boundary's report.")
 
     def observe(self, loss: torch.Tensor) -> None:
         """Record a micro-batch's loss (device only); the next :meth:`step` monitors their mean."""
@@ -203,14 +201,10 @@ class GuardedOptimizer(torch.optim.Optimizer):
 
     def _prepare(self) -> None:
         """Before a step: reopen the window after a load, save the first rollback target."""
-        if self._reopen is not False:
-            applied = self._reopen
-            self.window.reopen()
-            if torch.is_tensor(applied):
-                self.window.applied_steps.copy_(applied.to(self.window.applied_steps.device))
-            self._reopen = False
-        if self.recovery is not None and self.last_save is None:
-            self._save(math.inf)
+        if self._reopen is not None:
+            self.core.restore_window(self._reopen)
+            self._reopen = None
+        self.core.begin()
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> torch.Tensor:  # type: ignore[override]
@@ -226,54 +220,17 @@ class GuardedOptimizer(torch.optim.Optimizer):
         loss = self._loss_sum if self._loss_count == 1 else self._loss_sum / self._loss_count
         self._loss_sum, self._loss_count = None, 0
         self._prepare()
-        flag = self.checker.update(loss)
-        skip = flag if self.skip_unstable else self.checker.nonfinite_grads
-        if self.max_grad_norm is not None:
-            clip_grads_with_norm_(self.params, self.max_grad_norm, self.checker.last_grad_norm)
-        found_inf = skip.to(torch.float32)
-        with self.window.applied():
-            (fused_step if self.fused else masked_step)(self.optimizer, found_inf)
-        self.window.count(skip)
-        self.steps += 1
-        if self.steps % self.check_every == 0:
-            self.check()
+        self.core.update(loss)
         return loss
 
     def check(self) -> dict[str, Any]:
-        """The boundary: read the report, step the schedule, roll back or save. Every rank calls it."""
-        report = self.checker.check()
-        since = self.steps % self.check_every or self.check_every
-        applied = self.window.close()
-        report.update(step=self.steps, skipped_steps=since - applied, recovered=None)
-        self.total_skipped += since - applied
-        reason = self.recovery.check(report) if self.recovery is not None else None
-        if reason is not None:
-            manager = self.recovery.checkpoint_manager
-            path = broadcast_from_rank0(manager.latest_path(), self.process_group)
-            self.recovery.recover(reason, path=path, extra={"guard": _Trajectory(self)})
-            self.window.reopen()
-            report["recovered"] = reason
-        elif report["is_stable"]:
-            self.checker.accept(report)
-            due = self.recovery is not None and self.steps - (self.last_save or 0) >= self.save_every
-            if due:
-                self._save(report["loss"]["median"])
-        self.last_report = report
-        self.reports.append(report)
-        return report
-
-    def _save(self, loss: float) -> None:
-        self.last_save = self.steps
-        if is_main_process(self.process_group):
-            self.recovery.checkpoint_manager.save_checkpoint(
-                self.model, self.optimizer, self.steps, loss if math.isfinite(loss) else math.inf,
-                scheduler=self.scheduler.scheduler, extra={"guard": _Trajectory(self), "recovery": self.recovery})
-        barrier(self.process_group)
+        """End the window now (the guard calls it every ``check_every`` steps). Every rank calls it."""
+        return self.core.boundary()
 
     @property
     def skipped_steps(self) -> int:
-        """Steps skipped up to the last boundary."""
-        return self.total_skipped
+        """Steps skipped on the current trajectory up to the last boundary."""
+        return self.core.total_skipped
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The wrapped optimizer's ``zero_grad``."""
@@ -284,28 +241,38 @@ class GuardedOptimizer(torch.optim.Optimizer):
         raise TypeError("add a param group to the optimizer before guarding it")
 
     def state_dict(self) -> dict[str, Any]:
-        """The wrapped optimizer's state plus the guard's, under ``"trainopt"`` (``weights_only`` loads it)."""
-        guard = {"steps": self.steps, "total_skipped": self.total_skipped, "checker": self.checker.state_dict(),
-                 "applied": self.window.applied_steps.detach().clone(),
-                 "last_save": -1 if self.last_save is None else self.last_save}
-        if self.recovery is not None:
-            guard["recovery"] = self.recovery.state_dict()
-        return {**self.optimizer.state_dict(), "trainopt": guard}
+        """The wrapped optimizer's state plus the guard's, under ``"trainopt"`` (``weights_only`` loads it).
+
+        Saved mid-window too (a framework checkpoints when it likes): the groups hold the
+        boundary's rates, and the update's state the window's applied count.
+        """
+        self.core.window.restore()
+        try:
+            state = self.optimizer.state_dict()
+        finally:
+            self.core.window._publish()
+        guard = {"update": self.core.state_dict()}
+        if self.core.recovery is not None:
+            guard["recovery"] = self.core.recovery.state_dict()
+        if self.metric_scheduler is not None:
+            guard["metric_scheduler"] = self.metric_scheduler.state_dict()
+        return {**state, "trainopt": guard}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load both; the window reopens at the next step with the saved applied count."""
         state_dict = dict(state_dict)
         guard = state_dict.pop("trainopt", None)
-        if guard is None:
-            raise KeyError("this optimizer state was not saved by a GuardedOptimizer (no 'trainopt' entry)")
+        if guard is None or "update" not in guard:
+            raise KeyError("this optimizer state was not saved by a GuardedOptimizer of this trainopt "
+                           "(no 'trainopt' entry with the update's state)")
         self.optimizer.load_state_dict(state_dict)
         self.param_groups, self.state = self.optimizer.param_groups, self.optimizer.state
-        self.checker.load_state_dict(guard["checker"])
-        self.steps, self.total_skipped = int(guard["steps"]), int(guard["total_skipped"])
-        self.last_save = None if int(guard["last_save"]) < 0 else int(guard["last_save"])
-        if self.recovery is not None and "recovery" in guard:
-            self.recovery.load_state_dict(guard["recovery"])
-        self._reopen = guard["applied"].detach().clone()
+        self.core.load_state_dict(guard["update"])
+        if self.core.recovery is not None and "recovery" in guard:
+            self.core.recovery.load_state_dict(guard["recovery"])
+        if self.metric_scheduler is not None and "metric_scheduler" in guard:
+            self.metric_scheduler.load_state_dict(guard["metric_scheduler"])
+        self._reopen = guard["update"]
 
     def __repr__(self) -> str:
         return f"GuardedOptimizer({self.optimizer!r}, check_every={self.check_every})"
