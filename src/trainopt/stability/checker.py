@@ -16,7 +16,8 @@ __all__ = ["StabilityChecker"]
 
 # The numbers of a report that decide: each becomes its largest value over the ranks.
 _RECENT = 10  # fewest recent losses whose median the divergence test reads
-GRAD_GROWTH = 2.0  # how many times the reference's largest gradient norm a diverging run's median exceeds
+# How many times the reference's largest gradient norm a diverging run's median gradient norm exceeds.
+GRAD_GROWTH = 2.0
 
 _REDUCED = (("loss", "nonfinite"), ("loss", "spikes"), ("loss", "max_score"), ("loss", "diverging"),
             ("gradients", "nonfinite"), ("gradients", "explosions"), ("gradients", "max_grad_norm"),
@@ -138,7 +139,7 @@ class StabilityChecker:
         return self.last_flag
 
     def _recent_median(self, buffer: torch.Tensor) -> torch.Tensor:
-        """Median of the newer half of the values since the last check (at least ten; NaN if fewer)."""
+        """Median of the newer half of the values since the last check (at least ten; else NaN)."""
         size = buffer.numel()
         count = min(max((self.steps - self.checked_at) // 2, _RECENT), size, self.steps)
         if count < min(_RECENT, size):
@@ -150,8 +151,10 @@ class StabilityChecker:
         """Read both monitors (host), reduce over ranks, start a new window; ``is_stable`` and why."""
         recent = self._recent_median(self.recent)
         device = recent.device
-        values = torch.stack([recent, nanmax(self.first).to(device), self._recent_median(self.recent_grads),
-                              nanmax(self.first_grads).to(device), self.max_streak.to(device).float()])
+        values = torch.stack([recent, nanmax(self.first).to(device),
+                              self._recent_median(self.recent_grads),
+                              nanmax(self.first_grads).to(device),
+                              self.max_streak.to(device).float()])
         recent_v, initial_v, recent_grad_v, initial_grad_v, max_streak = values.tolist()
         loss = self.loss_monitor.check()
         grads = self.gradient_monitor.check()
@@ -183,10 +186,11 @@ class StabilityChecker:
         if grads["explosions"]:
             reasons.append(f"{grads['explosions']} gradient explosions (max norm {grads['max_grad_norm']:.3g})")
         if loss["diverging"]:
-            reasons.append(f"diverging (recent median loss {loss['recent_median']:.4g} above every accepted "
-                           f"loss of the reference window, max {loss['reference']:.4g}; recent median "
-                           f"gradient norm {grads['recent_median']:.4g} above {self.grad_growth:g} times "
-                           f"its largest, {grads['reference']:.4g})")
+            reasons.append(
+                f"diverging (recent median loss {loss['recent_median']:.4g} above every accepted "
+                f"loss of the reference window, max {loss['reference']:.4g}; recent median "
+                f"gradient norm {grads['recent_median']:.4g} above {self.grad_growth:g} times "
+                f"its largest, {grads['reference']:.4g})")
         return {
             "is_stable": not reasons,
             "reasons": reasons,
@@ -223,7 +227,8 @@ class StabilityChecker:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
         missing = [k for k in ("loss_monitor", "gradient_monitor", "reference", "last_window_max", "steps",
-                               "checked_at", "grad_reference", "last_window_max_grad", "grad_growth",
+                               "checked_at", "grad_reference", "last_window_max_grad",
+                               "grad_growth",
                                *self._tensors) if k not in state]
         if missing:
             raise KeyError(f"StabilityChecker state_dict is missing {missing}")

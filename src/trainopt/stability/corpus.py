@@ -44,7 +44,8 @@ from trainopt.stability.corpus_runs import build_task
 from trainopt.stability.recovery import TrainingInstabilityError
 from trainopt.stability.stabilizer import TrainingStabilizer
 
-__all__ = ["EARLY", "FAULTY", "HEALTHY", "RISING", "Run", "by_fault", "measure", "render", "run_plain", "run_stabilized"]
+__all__ = ["EARLY", "FAULTY", "HEALTHY", "RISING", "Run", "by_fault", "measure", "render", "run_plain",
+           "run_stabilized"]
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,8 @@ HEALTHY = [
 ]
 
 RISING = [
-    Run("vae", 128, "adamw", 1e-3, 600),  # KL weight 0 to 1 over steps 100 to 500: the loss rises to ~25
-    Run("curriculum", 16, "adamw", 3e-3, 600),  # sequence length 8, 16, 24, 32 from steps 0, 150, 300, 450
+    Run("vae", 128, "adamw", 1e-3, 600),  # KL weight 0 to 1 over steps 100-500: loss rises to ~25
+    Run("curriculum", 16, "adamw", 3e-3, 600),  # length 8, 16, 24, 32 from steps 0, 150, 300, 450
     Run("mixture", 16, "adamw", 3e-3, 500),  # a quarter of Python source from step 250
     Run("plateau", 32, "sgd", 0.05, 800),  # at the noise floor from step ~100
     Run("policy", 32, "adamw", 1e-3, 600),  # minus the reward: -0.1 falling to -1
