@@ -10,12 +10,14 @@ import torch
 from trainopt.stability.distributed import any_rank, max_over_ranks
 from trainopt.stability.gradients import GradientMonitor
 from trainopt.stability.monitors import LossStabilityMonitor
-from trainopt.stability.statistics import _as_finite_or_nan, nanmedian
+from trainopt.stability.statistics import _as_finite_or_nan, _check_positive, nanmax, nanmedian
 
 __all__ = ["StabilityChecker"]
 
 # The numbers of a report that decide: each becomes its largest value over the ranks.
 _RECENT = 10  # fewest recent losses whose median the divergence test reads
+# How many times the reference's largest gradient norm a diverging run's median gradient norm exceeds.
+GRAD_GROWTH = 2.0
 
 _REDUCED = (("loss", "nonfinite"), ("loss", "spikes"), ("loss", "max_score"), ("loss", "diverging"),
             ("gradients", "nonfinite"), ("gradients", "explosions"), ("gradients", "max_grad_norm"),
@@ -31,12 +33,18 @@ class StabilityChecker:
     persistence, which a rollback needs and a single flagged step does not:
 
     - ``max_streak``, the longest run of consecutive flagged steps in the window;
-    - ``loss["diverging"]``, 1 when the median of the recent losses lies above every loss of the window accepted at the last
-      stable check (:attr:`reference`; before the first one, above the first ``min_history``
-      losses of the run): the run as a whole has left the range it was in. The recent losses are
-      the newer half of those since the last check, and at least the last ten. The reference is
-      the lower of the last two stable windows' largest losses, so a window that saw the first
+    - ``loss["diverging"]``, 1 when the loss and the gradient norm grow together: the median of
+      the recent losses lies above every loss of the window accepted at the last stable check
+      (:attr:`reference`; before the first one, above the first ``min_history`` losses of the
+      run), *and* the median of the recent gradient norms lies more than ``grad_growth`` times
+      above every gradient norm of that window (:attr:`grad_reference`). The recent values are
+      the newer half of those since the last check, and at least the last ten. Each reference is
+      the lower of the last two stable windows' largest values, so a window that saw the first
       steps of a divergence without being flagged does not raise the bar for the next one.
+
+      A loss that rises alone is left alone: a KL or beta warm-up, a longer sequence, a new data
+      mixture or a plateau raise the loss above an earlier window while the gradient norm stays
+      in its range. A run that diverges (a learning rate far too high) grows both.
 
     Ranks agree. When ``torch.distributed`` is initialised, :meth:`update` agrees the flags of
     every rank in ``process_group`` (default: the whole world) with one MAX all-reduce on the
@@ -50,6 +58,8 @@ class StabilityChecker:
         loss_monitor: Defaults to ``LossStabilityMonitor(check_every=check_every)``.
         gradient_monitor: Defaults to ``GradientMonitor(model_or_optimizer, check_every=check_every)``.
         check_every: Steps between host reads.
+        grad_growth: How many times the reference window's largest gradient norm the recent median
+            gradient norm must exceed, besides the loss exceeding the reference, for divergence.
         process_group: The ranks that agree (``None``: the default group when one is initialised).
 
     Example:
@@ -74,16 +84,23 @@ class StabilityChecker:
         gradient_monitor: GradientMonitor | None = None,
         check_every: int = 100,
         process_group: Any = None,
+        grad_growth: float = GRAD_GROWTH,
     ) -> None:
+        _check_positive("grad_growth", grad_growth)
+        self.grad_growth = float(grad_growth)
         self.loss_monitor = loss_monitor or LossStabilityMonitor(check_every=check_every)
         detector = self.loss_monitor.detector
         self.min_history = detector.min_history
         self.recent = torch.full((detector.window_size,), math.nan)
         self.first = torch.full((detector.min_history,), math.nan)
+        self.recent_grads = torch.full((detector.window_size,), math.nan)
+        self.first_grads = torch.full((detector.min_history,), math.nan)
         self.streak = torch.zeros((), dtype=torch.long)
         self.max_streak = torch.zeros((), dtype=torch.long)
         self.reference = math.nan  # host: the lower of the last two stable windows' largest losses
         self.last_window_max = math.nan
+        self.grad_reference = math.nan  # host: the same for the largest gradient norms
+        self.last_window_max_grad = math.nan
         self.steps = 0
         self.checked_at = 0
         self.gradient_monitor = gradient_monitor or GradientMonitor(model_or_optimizer, check_every=check_every)
@@ -106,43 +123,53 @@ class StabilityChecker:
         self.last_flag, self.nonfinite_grads = any_rank(torch.stack([local, nonfinite]), self.process_group)
         device = self.last_flag.device
         if self.flagged.device != device:
-            for key in ("flagged", "streak", "max_streak", "recent", "first"):
+            for key in self._tensors:
                 setattr(self, key, getattr(self, key).to(device))
         self.flagged.add_(self.last_flag.long())
         self.streak = (self.streak + 1) * self.last_flag.long()
         self.max_streak = torch.maximum(self.max_streak, self.streak)
         value = _as_finite_or_nan(loss.reshape(())).to(device)
+        norm = _as_finite_or_nan(self.last_grad_norm.reshape(())).to(device)
         self.recent[self.steps % self.recent.numel()] = value
+        self.recent_grads[self.steps % self.recent_grads.numel()] = norm
         if self.steps < self.first.numel():
             self.first[self.steps] = value
+            self.first_grads[self.steps] = norm
         self.steps += 1
         return self.last_flag
 
-    def _recent_median(self) -> torch.Tensor:
-        """Median of the newer half of the losses since the last check (at least ten; NaN if fewer)."""
-        size = self.recent.numel()
+    def _recent_median(self, buffer: torch.Tensor) -> torch.Tensor:
+        """Median of the newer half of the values since the last check (at least ten; else NaN)."""
+        size = buffer.numel()
         count = min(max((self.steps - self.checked_at) // 2, _RECENT), size, self.steps)
         if count < min(_RECENT, size):
-            return torch.full((), math.nan, device=self.recent.device)
-        index = torch.arange(self.steps - count, self.steps, device=self.recent.device) % size
-        return nanmedian(self.recent[index])
+            return torch.full((), math.nan, device=buffer.device)
+        index = torch.arange(self.steps - count, self.steps, device=buffer.device) % size
+        return nanmedian(buffer[index])
 
     def check(self) -> dict[str, Any]:
         """Read both monitors (host), reduce over ranks, start a new window; ``is_stable`` and why."""
-        reference = self.reference if math.isfinite(self.reference) else None
-        recent = self._recent_median()
-        initial = torch.fmax(self.first, torch.full_like(self.first, -math.inf)).max()
-        recent_v, initial_v, max_streak = torch.stack(
-            [recent, initial.to(recent.device), self.max_streak.to(recent.device).float()]).tolist()
+        recent = self._recent_median(self.recent)
+        device = recent.device
+        values = torch.stack([recent, nanmax(self.first).to(device),
+                              self._recent_median(self.recent_grads),
+                              nanmax(self.first_grads).to(device),
+                              self.max_streak.to(device).float()])
+        recent_v, initial_v, recent_grad_v, initial_grad_v, max_streak = values.tolist()
         loss = self.loss_monitor.check()
         grads = self.gradient_monitor.check()
         flagged = int(self.flagged.item())
         self.flagged.zero_()
         self.max_streak.zero_()
         self.checked_at = self.steps
-        limit = reference if reference is not None else initial_v
+        limit = self.reference if math.isfinite(self.reference) else initial_v
+        grad_limit = self.grad_reference if math.isfinite(self.grad_reference) else initial_grad_v
         loss["recent_median"], loss["reference"] = recent_v, limit
-        loss["diverging"] = int(math.isfinite(recent_v) and math.isfinite(limit) and recent_v > limit)
+        grads["recent_median"], grads["reference"] = recent_grad_v, grad_limit
+        loss_up = math.isfinite(recent_v) and math.isfinite(limit) and recent_v > limit
+        grads_up = (math.isfinite(recent_grad_v) and math.isfinite(grad_limit)
+                    and recent_grad_v > self.grad_growth * grad_limit)
+        loss["diverging"] = int(loss_up and grads_up)
         reports = {"loss": loss, "gradients": grads}
         if not math.isfinite(grads["param_norm"]):
             grads["param_norm"] = math.inf  # NaN would lose the MAX reduction
@@ -159,8 +186,11 @@ class StabilityChecker:
         if grads["explosions"]:
             reasons.append(f"{grads['explosions']} gradient explosions (max norm {grads['max_grad_norm']:.3g})")
         if loss["diverging"]:
-            reasons.append(f"diverging (recent median loss {loss['recent_median']:.4g} above every accepted "
-                           f"loss of the reference window, max {loss['reference']:.4g})")
+            reasons.append(
+                f"diverging (recent median loss {loss['recent_median']:.4g} above every accepted "
+                f"loss of the reference window, max {loss['reference']:.4g}; recent median "
+                f"gradient norm {grads['recent_median']:.4g} above {self.grad_growth:g} times "
+                f"its largest, {grads['reference']:.4g})")
         return {
             "is_stable": not reasons,
             "reasons": reasons,
@@ -176,10 +206,11 @@ class StabilityChecker:
         return {"loss_monitor": self.loss_monitor.state_dict(),
                 "gradient_monitor": self.gradient_monitor.state_dict(),
                 "reference": self.reference, "last_window_max": self.last_window_max, "steps": self.steps,
-                "checked_at": self.checked_at,
+                "checked_at": self.checked_at, "grad_reference": self.grad_reference,
+                "last_window_max_grad": self.last_window_max_grad, "grad_growth": self.grad_growth,
                 **{k: getattr(self, k).detach().clone() for k in self._tensors}}
 
-    _tensors = ("flagged", "streak", "max_streak", "recent", "first")
+    _tensors = ("flagged", "streak", "max_streak", "recent", "first", "recent_grads", "first_grads")
 
     def accept(self, report: dict[str, Any]) -> None:
         """Take the window just checked as the reference of the divergence test (a stable check)."""
@@ -187,11 +218,17 @@ class StabilityChecker:
         if math.isfinite(largest):
             self.reference = min(largest, self.last_window_max) if math.isfinite(self.last_window_max) else largest
             self.last_window_max = largest
+        largest = float(report["gradients"].get("max_grad_norm", math.nan))
+        if math.isfinite(largest):
+            last = self.last_window_max_grad
+            self.grad_reference = min(largest, last) if math.isfinite(last) else largest
+            self.last_window_max_grad = largest
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
         missing = [k for k in ("loss_monitor", "gradient_monitor", "reference", "last_window_max", "steps",
-                               "checked_at",
+                               "checked_at", "grad_reference", "last_window_max_grad",
+                               "grad_growth",
                                *self._tensors) if k not in state]
         if missing:
             raise KeyError(f"StabilityChecker state_dict is missing {missing}")
@@ -199,6 +236,9 @@ class StabilityChecker:
         self.loss_monitor.load_state_dict(state["loss_monitor"])
         self.reference, self.last_window_max = float(state["reference"]), float(state["last_window_max"])
         self.steps, self.checked_at = state["steps"], state["checked_at"]
+        self.grad_reference = float(state["grad_reference"])
+        self.last_window_max_grad = float(state["last_window_max_grad"])
+        self.grad_growth = float(state["grad_growth"])
         device = self.flagged.device
         for key in self._tensors:
             setattr(self, key, state[key].detach().clone().to(device))

@@ -12,9 +12,16 @@ what it did:
   rollback or a :class:`~trainopt.stability.recovery.TrainingInstabilityError`; each run is also
   trained by plain torch (clipped at the same norm) on three seeds, and its final validation
   result must lie within their spread;
+- **healthy runs whose loss rises or flattens** (:data:`RISING`): a VAE whose KL weight warms
+  up, a sequence-length curriculum, a switch of the data mixture, a loss on a plateau, a
+  policy-gradient loss (negative), and a language model on Python's standard-library sources.
+  The divergence test must leave them alone; with nothing skipped, each ends exactly where plain
+  torch does on the same random state;
 - **faulty runs** (:data:`FAULTY`): one batch with every label wrong, one batch of raw pixels
   (the standardisation forgotten), a NaN loss, a NaN gradient, and a learning rate 10, 30 or 100
-  times too high from a step on. A miss is a bad batch whose step was applied, or a learning-rate
+  times too high from a step on; and, early in a run (:data:`EARLY`), a batch of inputs times 100
+  or with its labels shuffled at step 10 to 60, and a learning rate 30 times too high from step
+  100 to 210. A miss is a bad batch whose step was applied, or a learning-rate
   fault that no rollback answered.
 """
 
@@ -37,7 +44,8 @@ from trainopt.stability.corpus_runs import build_task
 from trainopt.stability.recovery import TrainingInstabilityError
 from trainopt.stability.stabilizer import TrainingStabilizer
 
-__all__ = ["FAULTY", "HEALTHY", "Run", "by_fault", "measure", "render", "run_plain", "run_stabilized"]
+__all__ = ["EARLY", "FAULTY", "HEALTHY", "RISING", "Run", "by_fault", "measure", "render", "run_plain",
+           "run_stabilized"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,23 @@ HEALTHY = [
     *[Run("digits", b, "sgd", 0.1, 6 * (1438 // b)) for b in (16, 32, 64)],
     Run("language", 16, "adamw", 3e-3, 400, schedule=True),
     Run("digits", 32, "adamw", 1e-3, 270, schedule=True, pretrain=200),
+]
+
+RISING = [
+    Run("vae", 128, "adamw", 1e-3, 600),  # KL weight 0 to 1 over steps 100-500: loss rises to ~25
+    Run("curriculum", 16, "adamw", 3e-3, 600),  # length 8, 16, 24, 32 from steps 0, 150, 300, 450
+    Run("mixture", 16, "adamw", 3e-3, 500),  # a quarter of Python source from step 250
+    Run("plateau", 32, "sgd", 0.05, 800),  # at the noise floor from step ~100
+    Run("policy", 32, "adamw", 1e-3, 600),  # minus the reward: -0.1 falling to -1
+    Run("stdlib", 16, "adamw", 3e-3, 400, schedule=True),
+]
+
+EARLY = [
+    *[Run("digits", b, opt, lr, at + 50, fault=kind, fault_at=at)
+      for kind in ("inputs_x100", "shuffled_labels") for at in (10, 20, 30, 60) for b in (16, 64)
+      for opt, lr in (("adamw", 3e-3), ("sgd", 0.1))],
+    *[Run("digits", 32, opt, lr, 500, fault="lr_x30", fault_at=at)
+      for opt, lr in (("adamw", 3e-3), ("sgd", 0.1)) for at in (100, 150, 200, 210)],
 ]
 
 FAULTY = [
@@ -118,6 +143,10 @@ def _batch(task: Any, run: Run, call: int) -> tuple[torch.Tensor, torch.Tensor, 
     if run.fault == "raw_inputs":
         mean, std = task.inputs_scale
         return x * std + mean, y, 1.0
+    if run.fault == "inputs_x100":
+        return x * 100, y, 1.0
+    if run.fault == "shuffled_labels":
+        return x, y[torch.randperm(len(y), generator=torch.Generator().manual_seed(call))], 1.0
     return x, y, math.nan if run.fault == "nan_loss" else 1.0
 
 
@@ -180,7 +209,7 @@ def run_plain(run: Run, seed: int = 0) -> float:
     return task.evaluate(task.model)
 
 
-def measure(healthy: Sequence[Run] = HEALTHY, faulty: Sequence[Run] = FAULTY,
+def measure(healthy: Sequence[Run] = (*HEALTHY, *RISING), faulty: Sequence[Run] = (*FAULTY, *EARLY),
             seeds: Sequence[int] = (0, 1, 2)) -> dict[str, Any]:
     """Both corpora through the stabilizer on each of ``seeds``; plain torch on the same seeds.
 
@@ -254,7 +283,8 @@ def by_fault(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 _KIND_NAMES = {"labels": "a batch with every label wrong", "raw_inputs": "a batch of raw pixels (not standardised)",
                "nan_loss": "a NaN loss", "nan_gradient": "a NaN gradient", "lr_x10": "learning rate ×10",
-               "lr_x30": "learning rate ×30", "lr_x100": "learning rate ×100"}
+               "lr_x30": "learning rate ×30", "lr_x100": "learning rate ×100",
+               "inputs_x100": "a batch of inputs ×100", "shuffled_labels": "a batch with its labels shuffled"}
 
 
 def render(source: str | Path) -> str:
@@ -292,6 +322,8 @@ def render(source: str | Path) -> str:
 def _provenance() -> dict[str, Any]:
     import datetime
     import platform
+
+    from trainopt.config.provenance import git_state
 
     return {"torch": torch.__version__, "machine": f"{platform.machine()} CPU, 1 thread",
             "date": datetime.date.today().isoformat(), **git_state()}
