@@ -45,7 +45,7 @@ from trainopt.stability.schedule_window import ScheduleWindow
 from trainopt.stability.settings import is_metric_scheduler, step_with_metric
 from trainopt.stability.skip import fused_step, masked_step
 
-__all__ = ["GuardedUpdate", "logger"]
+__all__ = ["GuardedUpdate"]
 
 logger = logging.getLogger("trainopt.stability")
 
@@ -86,7 +86,7 @@ class GuardedUpdate:
         ...                        check_every=5)
         >>> before = model.weight.detach().clone()
         >>> model(torch.ones(1, 2)).sum().backward()
-        >>> update.update(torch.tensor(float("nan")))  # a NaN loss: skipped on the device
+        >>> skip = update.update(torch.tensor(float("nan")))  # a NaN loss: skipped on the device
         >>> torch.equal(model.weight, before), int(update.skipped)
         (True, 1)
     """
