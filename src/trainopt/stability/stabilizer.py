@@ -12,8 +12,9 @@
 4. the optimizer step, *skipped on the device* when flagged: fused optimizers get the flag as
    their ``found_inf`` (:func:`~trainopt.stability.skip.fused_step`), others step through
    :func:`~trainopt.stability.skip.masked_step`. A skipped step leaves the weights, the optimizer
-   state, the schedule position (:class:`~trainopt.stability.schedule_window.ScheduleWindow`)
-   and any averaged model (``averaged=``) exactly as if the batch had never been drawn;
+   state, the schedule position (:class:`~trainopt.stability.schedule_window.ScheduleWindow`),
+   the model's buffers (:class:`~trainopt.stability.buffers.BufferSnapshot`) and any averaged
+   model (``averaged=``) exactly as if the batch had never been drawn;
 5. every ``check_every`` steps, one boundary where the host reads the statistics: it steps the
    schedulers once per applied step, rolls back to the last checkpoint with a learning-rate cut
    when the run diverges or stays out of range for ``patience`` steps, and saves a checkpoint
@@ -46,6 +47,7 @@ from typing import Any
 import torch
 
 from trainopt.stability.averaging import masked_update_parameters
+from trainopt.stability.buffers import BufferSnapshot
 from trainopt.stability.checker import StabilityChecker
 from trainopt.stability.checkpoint import CheckpointManager
 from trainopt.stability.clipping import clip_grads_with_norm_
@@ -197,6 +199,9 @@ class TrainingStabilizer:
                 GradientMonitor(monitored, window_size, explosion_factor, min_history, check_every),
                 check_every=check_every, process_group=process_group)
         self.checker = checker
+        # buffers: a skipped step puts them back (BatchNorm's running statistics); NaN ones roll back
+        self.buffers = BufferSnapshot(model)
+        self.checker.gradient_monitor.watch_buffers(model)
         self.params = [p for opt in self.optimizers for group in opt.param_groups for p in group["params"]]
         self.device = self.params[0].device
         self.fused = [skips_in_kernel(opt) for opt in self.optimizers]
@@ -233,6 +238,7 @@ class TrainingStabilizer:
                 opt.zero_grad(set_to_none=True)
             if self.steps == 0 and self.last_save is None:
                 self._save(math.inf)  # the first rollback target: a run that diverges at once
+            self.buffers.take()  # before the first forward pass of this optimizer step
         self.micro += 1
         last = self.micro == self.accumulate
         no_sync = getattr(self.model, "no_sync", None)
@@ -264,6 +270,7 @@ class TrainingStabilizer:
         with self.window.applied():
             for opt, fused in zip(self.optimizers, self.fused):
                 (fused_step if fused else masked_step)(opt, found_inf)
+        self.buffers.restore_where(skip)  # what the forward passes moved (BatchNorm statistics)
         self.window.count(skip)
         for average in self.averaged:
             masked_update_parameters(average, self.model, skip)
