@@ -229,11 +229,12 @@ def test_a_nan_buffer_that_got_through_rolls_the_run_back(digits, tmp_path):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
     stabilizer = TrainingStabilizer(model, optimizer, checkpoint_dir=tmp_path, check_every=10)
     for step in range(20):
-        xb, yb = x[BATCH * step:BATCH * step + BATCH], y[BATCH * step:BATCH * step + BATCH]
+        xb, yb = x[BATCH * step:BATCH * step + BATCH].clone(), y[BATCH * step:BATCH * step + BATCH]
+        if step == 14:
+            xb[0, 27] = 1e20  # finite: so are the loss and the gradients, but running_var overflows
         stabilizer.step(lambda: F.cross_entropy(model(xb), yb))
         if step == 14:
-            with torch.no_grad():
-                model[2].running_var[0] = math.nan  # e.g. left by a step taken before the fix
+            assert stabilizer.applied_steps == 15 and not torch.isfinite(model[2].running_var).all()
     assert stabilizer.reports[0]["weights_finite"] and stabilizer.reports[0]["recovered"] is None
     assert stabilizer.reports[1]["weights_finite"] is False
     assert stabilizer.reports[1]["recovered"] == "non-finite weights"

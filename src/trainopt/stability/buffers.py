@@ -60,7 +60,7 @@ class BufferSnapshot:
 
     Example:
         >>> import torch
-        >>> from trainopt.stability.buffers import BufferSnapshot
+        >>> from trainopt.stability import BufferSnapshot
         >>> model = torch.nn.BatchNorm1d(3)
         >>> snapshot = BufferSnapshot(model)
         >>> snapshot.take()
@@ -137,7 +137,7 @@ def nonfinite_buffers(buffers: torch.nn.Module | Iterable[torch.Tensor],
 
     Example:
         >>> import torch
-        >>> from trainopt.stability.buffers import nonfinite_buffers
+        >>> from trainopt.stability import nonfinite_buffers
         >>> model = torch.nn.BatchNorm1d(3)
         >>> int(nonfinite_buffers(model))
         0
