@@ -21,9 +21,20 @@ from torch.nn.parameter import is_lazy
 __all__ = ["BufferSnapshot", "nonfinite_buffers"]
 
 
-def _buffers(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """The model's buffers, each once, leaving out lazy ones not yet materialised."""
-    return [(name, b) for name, b in model.named_buffers() if not is_lazy(b)]
+def _slots(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.Tensor]]:
+    """(module, name, buffer) for each buffer, each once, leaving out lazy ones not yet materialised.
+
+    A walk over ``modules()`` and their ``_buffers``: the same buffers as ``named_buffers()``,
+    in its order, without building the dotted names (a third of the time).
+    """
+    seen: set[int] = set()
+    slots = []
+    for module in model.modules():
+        for name, b in module._buffers.items():
+            if b is not None and id(b) not in seen and not is_lazy(b):
+                seen.add(id(b))
+                slots.append((module, name, b))
+    return slots
 
 
 class _Group:
@@ -72,32 +83,37 @@ class BufferSnapshot:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self._named: list[tuple[str, torch.Tensor]] = []
-        self._signature: tuple = ()
+        self._slots: list[tuple[torch.nn.Module, str]] = []  # where each buffer lives
+        self._tensors: list[torch.Tensor] = []  # the buffers at the last take()
         self._groups: list[tuple[list[int], _Group]] = []
+        self._saved: list[torch.Tensor] = []  # the snapshot of each buffer, in that order
 
     def take(self) -> None:
         """Copy every buffer into the preallocated snapshot (device copies, no host read)."""
-        named = _buffers(self.model)
-        self._named = named
-        if not named:
-            return
-        signature = tuple((b.shape, b.dtype, b.device) for _, b in named)
-        if signature != self._signature:
+        slots = _slots(self.model)
+        tensors = [b for _, _, b in slots]
+        same = len(tensors) == len(self._tensors) and all(
+            a is b and a.shape == s.shape for a, b, s in zip(tensors, self._tensors, self._saved))
+        if not same:
             by_kind: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-            for i, (_, b) in enumerate(named):
+            for i, b in enumerate(tensors):
                 by_kind.setdefault((b.device, b.dtype), []).append(i)
-            self._groups = [(indices, _Group([named[i][1] for i in indices]))
+            self._groups = [(indices, _Group([tensors[i] for i in indices]))
                             for indices in by_kind.values()]
-            self._signature = signature
+            self._slots = [(module, name) for module, name, _ in slots]
+            self._tensors = tensors
+            self._saved = [None] * len(tensors)  # type: ignore[list-item]
+            for indices, group in self._groups:
+                for i, view in zip(indices, group.saved_views):
+                    self._saved[i] = view
         with torch.no_grad():
             for indices, group in self._groups:
-                torch._foreach_copy_(group.saved_views, [named[i][1] for i in indices])
+                torch._foreach_copy_(group.saved_views, [tensors[i] for i in indices])
 
     @torch.no_grad()
     def restore_where(self, skip: torch.Tensor) -> None:
         """Where ``skip`` (a 0-d bool tensor) is true, put every buffer back to its snapshot."""
-        if not self._named:
+        if not self._tensors:
             return
         if not torch.is_tensor(skip) or skip.dim() != 0:
             raise ValueError(f"skip must be a 0-d tensor (the step's skip flag), got {skip!r}")
@@ -108,21 +124,17 @@ class BufferSnapshot:
                 flags[device] = next(iter(flags.values())).to(device)
             return flags[device]
 
-        now = _buffers(self.model)
-        if len(now) == len(self._named) and all(a is b for (_, a), (_, b) in zip(now, self._named)):
+        now = [module._buffers.get(name) for module, name in self._slots]
+        if all(a is b for a, b in zip(now, self._tensors)):
             for indices, group in self._groups:
-                tensors = [now[i][1] for i in indices]
+                tensors = [now[i] for i in indices]
                 torch._foreach_copy_(group.scratch_views, tensors)
                 torch.where(flag(group.saved.device), group.saved, group.scratch, out=group.scratch)
                 torch._foreach_copy_(tensors, group.scratch_views)
             return
-        saved = {}  # the forward pass replaced, added or removed buffers: match them by name
-        for indices, group in self._groups:
-            for i, view in zip(indices, group.saved_views):
-                saved[self._named[i][0]] = view
-        for name, tensor in now:
-            old = saved.get(name)
-            if old is not None and old.shape == tensor.shape and old.dtype == tensor.dtype:
+        # the forward pass replaced a buffer by another tensor: restore into what is there now
+        for tensor, old in zip(now, self._saved):
+            if torch.is_tensor(tensor) and old.shape == tensor.shape and old.dtype == tensor.dtype:
                 tensor.copy_(torch.where(flag(tensor.device), old, tensor))
 
 
