@@ -4,7 +4,8 @@
   global norm, by history, unit-wise.
 - :mod:`~trainopt.stability.scaling` and :mod:`~trainopt.stability.skip`: dynamic loss scaling
   and skipping a step on the device; :mod:`~trainopt.stability.optimizers`: which optimizers a
-  step can be skipped for exactly; :mod:`~trainopt.stability.averaging`: an EMA that skips it too.
+  step can be skipped for exactly; :mod:`~trainopt.stability.averaging`: an EMA that skips it too;
+  :mod:`~trainopt.stability.buffers`: the buffers (BatchNorm's statistics) a skip puts back.
 - :mod:`~trainopt.stability.monitors`, :mod:`~trainopt.stability.gradients` and
   :mod:`~trainopt.stability.statistics`: loss and gradient monitors on robust statistics.
 - :mod:`~trainopt.stability.checkpoint`, :mod:`~trainopt.stability.fit`, :mod:`~trainopt.stability.rng`
@@ -22,6 +23,7 @@
 """
 
 from trainopt.stability.averaging import masked_update_parameters
+from trainopt.stability.buffers import BufferSnapshot, nonfinite_buffers
 from trainopt.stability.checker import StabilityChecker
 from trainopt.stability.checkpoint import CheckpointError, CheckpointManager
 from trainopt.stability.clipping import (
@@ -54,13 +56,13 @@ from trainopt.stability.syncs import HostSyncCounter
 from trainopt.stability.unitwise import adaptive_clip_grad_
 
 __all__ = [
-    "AdaptiveGradientClipper", "CheckpointError", "CheckpointManager", "DynamicLossScaler",
+    "AdaptiveGradientClipper", "BufferSnapshot", "CheckpointError", "CheckpointManager", "DynamicLossScaler",
     "GradientMonitor", "HostSyncCounter", "LossSpikeDetector", "LossStabilityMonitor",
     "ResumableDataLoader", "ResumableSampler", "ScheduleWindow", "StabilityChecker", "TrainingInstabilityError",
     "TrainingRecovery", "TrainingStabilizer", "UnsupportedOptimizerError", "UnsupportedScheduleError", "UnsupportedSchedulerError",
     "ZScoreClipper", "adaptive_clip_grad_", "any_rank", "broadcast_from_rank0", "check_no_step_hooks",
     "check_scalable", "check_skippable", "clip_gradients", "clip_grads_with_norm_", "fused_step",
     "get_rng_state", "is_main_process", "lr_scale", "masked_step", "masked_update_parameters",
-    "nanmax", "nanmedian", "nonfinite_gradients", "qk_norm", "robust_zscore", "scale_learning_rate", "tail_score",
+    "nanmax", "nanmedian", "nonfinite_buffers", "nonfinite_gradients", "qk_norm", "robust_zscore", "scale_learning_rate", "tail_score",
     "set_rng_state", "skips_in_kernel", "total_grad_norm", "z_loss",
 ]

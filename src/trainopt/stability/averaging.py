@@ -77,7 +77,10 @@ def masked_update_parameters(averaged: AveragedModel, model: torch.nn.Module, sk
     model's ``multi_avg_fn`` or ``avg_fn`` (``get_ema_multi_avg_fn``, ``get_ema_avg_fn``, your
     own), or the running mean by default; with ``use_buffers=True`` the buffers are averaged too,
     else copied from the model. Where ``skip`` is true the averaged parameters, buffers and
-    ``n_averaged`` keep their values bit for bit. Everything is chosen on the device with
+    ``n_averaged`` keep their values bit for bit. The model's own buffers are another matter:
+    a skipped step's forward pass moved them (BatchNorm's running statistics), and the next
+    applied update would take them in; :class:`~trainopt.stability.buffers.BufferSnapshot` puts
+    them back first (the stabilizer does, before it calls this). Everything is chosen on the device with
     ``torch.where`` (the first copy by ``n_averaged == 0``), so nothing is read on the host, as
     long as the averaging function reads nothing either (torch's do not). The price: the update
     is computed each call, into a copy of the averaged tensors, and ``avg_fn`` or

@@ -21,7 +21,7 @@ GRAD_GROWTH = 2.0
 
 _REDUCED = (("loss", "nonfinite"), ("loss", "spikes"), ("loss", "max_score"), ("loss", "diverging"),
             ("gradients", "nonfinite"), ("gradients", "explosions"), ("gradients", "max_grad_norm"),
-            ("gradients", "param_norm"))
+            ("gradients", "param_norm"), ("gradients", "nonfinite_buffers"))
 
 
 class StabilityChecker:
@@ -196,7 +196,8 @@ class StabilityChecker:
             "reasons": reasons,
             "flagged_steps": flagged,
             "max_streak": int(max_streak),
-            "weights_finite": math.isfinite(grads["param_norm"]),
+            # a NaN in BatchNorm's running statistics ruins the model as surely as one in a weight
+            "weights_finite": math.isfinite(grads["param_norm"]) and not grads["nonfinite_buffers"],
             "loss": loss,
             "gradients": grads,
         }

@@ -4,7 +4,8 @@
 
 - the skip decision (a :class:`~trainopt.stability.checker.StabilityChecker`, agreed over ranks)
   and the step skipped on the device (:func:`~trainopt.stability.skip.fused_step` or
-  :func:`~trainopt.stability.skip.masked_step`);
+  :func:`~trainopt.stability.skip.masked_step`), the model's buffers included
+  (:class:`~trainopt.stability.buffers.BufferSnapshot`: BatchNorm's running statistics);
 - the schedule window (:class:`~trainopt.stability.schedule_window.ScheduleWindow`): a skipped
   step consumes no schedule position, and the rates cost no host read;
 - the boundaries: every ``check_every`` steps the host reads the statistics once, steps the
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 
 from trainopt.stability.averaging import masked_update_parameters
+from trainopt.stability.buffers import BufferSnapshot
 from trainopt.stability.checker import StabilityChecker
 from trainopt.stability.clipping import clip_grads_with_norm_
 from trainopt.stability.distributed import barrier, broadcast_from_rank0, is_main_process
@@ -106,6 +108,11 @@ class GuardedUpdate:
         self.data, self.process_group, self.scaler = data, process_group, scaler
         self.trajectory = trajectory or (lambda mode: {})
         self.save_every = getattr(getattr(recovery, "checkpoint_manager", None), "save_frequency", None)
+        # buffers: a skipped step puts them back (BatchNorm's running statistics); NaN ones roll back
+        self.buffers = BufferSnapshot(model) if model is not None else None
+        if model is not None:
+            self.checker.gradient_monitor.watch_buffers(model)
+        self._taken = False
         self.params = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
         self.device = self.params[0].device
         self.fused = [skips_in_kernel(opt) for opt in optimizers]
@@ -138,6 +145,12 @@ class GuardedUpdate:
             self.save(math.inf)  # the first rollback target: a run that diverges at once
         return True
 
+    def take_buffers(self) -> None:
+        """Before the first forward pass of a step: copy the model's buffers (once per step)."""
+        if self.buffers is not None and not self._taken:
+            self.buffers.take()
+            self._taken = True
+
     @torch.no_grad()
     def update(self, loss: torch.Tensor) -> torch.Tensor:
         """The guarded step on the gradients at hand, ``loss`` their loss; returns the skip flag."""
@@ -158,6 +171,9 @@ class GuardedUpdate:
                     fused_step(opt, found_inf)
                 else:
                     masked_step(opt, found_inf, lr_ratios=ratios)
+        if self._taken:
+            self.buffers.restore_where(skip)  # what the forward passes moved (BatchNorm statistics)
+            self._taken = False
         self.window.count(skip)
         for average in self.averaged:
             masked_update_parameters(average, self.model, skip)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from trainopt.stability.buffers import nonfinite_buffers
 from trainopt.stability.statistics import (
     _as_finite_or_nan,
     _check_int,
@@ -44,6 +45,10 @@ class GradientMonitor:
     the number of parameters, and no ``.item()``. Parameter norms (reported, never acted on)
     are measured the same way when :meth:`summary` reads the statistics. The global gradient norm is returned as a tensor
     (the same value :func:`torch.nn.utils.clip_grad_norm_` computes, so a clipper can reuse it).
+
+    Buffers count as weights: :meth:`summary` also reports ``nonfinite_buffers``, how many
+    floating buffers of the watched module (the one given, or :meth:`watch_buffers`'s) hold an
+    inf or a NaN, such as ``BatchNorm`` running statistics a NaN batch reached.
 
     A gradient *explosion* is a global norm that lies more than ``explosion_factor`` times the
     window's range above the median of the last ``window_size`` accepted norms
@@ -103,8 +108,14 @@ class GradientMonitor:
         self.min_history = min_history
         self.check_every = check_every
         self.steps = 0
+        module = isinstance(model_or_optimizer, torch.nn.Module)
+        self.buffers_of: torch.nn.Module | None = model_or_optimizer if module else None
         device = next((p.device for g in self.groups for p in g), torch.device("cpu"))
         self._init_tensors(device)
+
+    def watch_buffers(self, module: torch.nn.Module) -> None:
+        """Count the floating buffers of ``module`` in ``nonfinite_buffers`` (not in the state)."""
+        self.buffers_of = module
 
     def _init_tensors(self, device: torch.device) -> None:
         n = len(self.groups)
@@ -163,13 +174,16 @@ class GradientMonitor:
         self.param_norm = torch.linalg.vector_norm(self.group_param_norms)
         filled = self.buffer[: min(self.steps, self.window_size)]
         median = nanmedian(filled) if filled.numel() else torch.full((), math.nan)
+        bad_buffers = (nonfinite_buffers(self.buffers_of, device) if self.buffers_of is not None
+                       else torch.zeros((), dtype=torch.long, device=device))
         scalars = torch.stack([
             self.grad_norm, self.param_norm, median.to(self.grad_norm.device),
             self.window_max_grad_norm, self.window_explosions.float(), self.window_nonfinite.float(),
+            bad_buffers.float().to(self.grad_norm.device),
         ])
         packed = torch.cat([scalars, self.group_grad_norms, self.group_param_norms]).tolist()
         n = len(self.groups)
-        grad, param, median_v, max_v, explosions, nonfinite = packed[:6]
+        grad, param, median_v, max_v, explosions, nonfinite, buffers = packed[:7]
         return {
             "steps": self.steps,
             "grad_norm": grad,
@@ -179,8 +193,9 @@ class GradientMonitor:
             "max_grad_norm": max_v if max_v > -math.inf else math.nan,
             "explosions": int(explosions),
             "nonfinite": int(nonfinite),
-            "group_grad_norms": packed[6:6 + n],
-            "group_param_norms": packed[6 + n:],
+            "nonfinite_buffers": int(buffers),
+            "group_grad_norms": packed[7:7 + n],
+            "group_param_norms": packed[7 + n:],
         }
 
     def check(self) -> dict[str, Any]:

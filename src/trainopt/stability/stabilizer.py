@@ -12,8 +12,9 @@
 4. the optimizer step, *skipped on the device* when flagged: fused optimizers get the flag as
    their ``found_inf`` (:func:`~trainopt.stability.skip.fused_step`), others step through
    :func:`~trainopt.stability.skip.masked_step`. A skipped step leaves the weights, the optimizer
-   state, the schedule position (:class:`~trainopt.stability.schedule_window.ScheduleWindow`)
-   and any averaged model (``averaged=``) exactly as if the batch had never been drawn;
+   state, the schedule position (:class:`~trainopt.stability.schedule_window.ScheduleWindow`),
+   the model's buffers (:class:`~trainopt.stability.buffers.BufferSnapshot`) and any averaged
+   model (``averaged=``) exactly as if the batch had never been drawn;
 5. every ``check_every`` steps, one boundary where the host reads the statistics: it steps the
    schedulers once per applied step, rolls back to the last checkpoint with a learning-rate cut
    when the run diverges or stays out of range for ``patience`` steps, and saves a checkpoint
@@ -207,6 +208,7 @@ class TrainingStabilizer:
                 return None
             for opt in self.optimizers:
                 opt.zero_grad(set_to_none=True)
+            self.core.take_buffers()  # before the first forward pass of this optimizer step
         self.micro += 1
         last = self.micro == self.accumulate
         no_sync = getattr(self.model, "no_sync", None)
@@ -299,6 +301,7 @@ for _name, _doc in (
     ("clipper", "The clipper used instead of ``max_grad_norm``, or ``None``."),
     ("skip_unstable", "Whether spikes and explosions are skipped too."),
     ("params", "Every parameter of the optimizers."),
+    ("buffers", "The :class:`~trainopt.stability.buffers.BufferSnapshot` a skipped step restores."),
     ("device", "The parameters' device."),
 ):
     setattr(TrainingStabilizer, _name, _delegate(_name, _doc))

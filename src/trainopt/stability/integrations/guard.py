@@ -109,6 +109,17 @@ class _Trajectory:
         self.guard.core.load_state_dict(state, trajectory_only=self.trajectory_only)
 
 
+class _Handles:
+    """Both hooks of :meth:`GuardedOptimizer.watch`, removed together."""
+
+    def __init__(self, *handles: Any) -> None:
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
 class GuardedOptimizer(torch.optim.Optimizer):
     """An optimizer whose ``step()`` is the stabilizer's guarded update (see the module notes).
 
@@ -192,12 +203,22 @@ class GuardedOptimizer(torch.optim.Optimizer):
         self._loss_count += 1
 
     def watch(self, model: torch.nn.Module) -> Any:
-        """Observe ``model(...).loss`` of every training forward pass; returns the hook's handle."""
+        """Observe ``model(...).loss`` of every training forward pass; returns the hook's handle.
+
+        The hook also copies the model's buffers before a step's first training forward pass, so
+        a skipped step puts BatchNorm's running statistics back.
+        """
+        def before(module: torch.nn.Module, args: Any) -> None:
+            if module.training and torch.is_grad_enabled() and module is self.core.model:
+                self.core.take_buffers()
+
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
             loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
             if module.training and torch.is_grad_enabled() and torch.is_tensor(loss):
                 self.observe(loss)
-        return model.register_forward_hook(hook)
+        pre = model.register_forward_pre_hook(before)
+        handle = model.register_forward_hook(hook)
+        return _Handles(pre, handle)
 
     def _prepare(self) -> None:
         """Before a step: reopen the window after a load, save the first rollback target."""
