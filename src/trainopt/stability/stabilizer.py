@@ -211,6 +211,8 @@ class TrainingStabilizer:
         self.skip_events = 0  # every step ever skipped, rolled back or not
         self.last_report: dict[str, Any] | None = None
         self.reports: list[dict[str, Any]] = []
+        # the step-0 checkpoint's generators and data position: before the loop draws a batch
+        self._initial_entry: dict[str, Any] | None = RankEntries.initial(self)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The autocast context of this stabilizer (a no-op in full precision)."""
