@@ -138,10 +138,24 @@ def test_a_resume_from_the_checkpoint_written_before_the_first_step_is_the_same_
     assert torch.equal(straight, resumed), (straight - resumed).abs().max()
 
 
+def test_the_same_command_run_again_continues_from_the_default_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``--checkpoint-dir`` the checkpoints go to a folder that outlives the process
+    (``checkpoints/recipe``, not a temporary folder): a second run resumes from the first."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["--steps", "20", "--check-every", "10", "--out", "w.pt"]
+    for expected in ("started", "resumed at step 20"):
+        stdout = io.StringIO()
+        monkeypatch.setattr(sys, "stdout", stdout)
+        assert main(argv) == 0
+        assert stdout.getvalue().splitlines()[0] == expected
+    assert (tmp_path / "checkpoints" / "recipe" / "checkpoint_step_20.pt").is_file()
+
+
 def test_command_line_mistakes_are_one_line_with_status_2(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "trainopt.stability.recipe", "--steps", "10", "--out", "w.pt"],
+    result = subprocess.run([sys.executable, "-m", "trainopt.stability.recipe", "--out", "w.pt"],
                             capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=120)
-    assert (result.returncode, result.stderr) == (2, "error: --checkpoint-dir: required\n")
+    assert (result.returncode, result.stderr) == (2, "error: --steps: required\n")
     (tmp_path / "file").write_text("")
     cases = [
         (["--checkpoint-dir", "c", "--steps", "0", "--out", "w.pt"], "error: --steps: must be an int >= 1, got '0'"),
