@@ -2,7 +2,9 @@
 
 Sybil collects:
 - every MyST page under ``docs/``: ```` ```python ```` blocks (plain code or ``>>>`` doctests) run in
-  order in one namespace per page, exactly as a reader who pastes them into one interpreter;
+  order in one namespace per page, exactly as a reader who pastes them into one interpreter,
+  started in an empty directory of its own (what a page writes by a relative path, such as the
+  stability page's ``checkpoints/recipe``, lands there and is removed with it);
   ``% skip: next if(<condition>, reason="...")`` skips the next block with a reason;
 - every ``>>>`` example in the docstrings of ``src/trainopt``, each docstring in an empty
   namespace of its own (not the module's) and in an empty directory of its own, so an example
@@ -40,12 +42,29 @@ REQUIRE_CUDA = os.environ.get("TRAINOPT_REQUIRE_CUDA", "") not in ("", "0")
 GPU_REASON = re.compile(r"\b(cuda|gpu)\b", re.IGNORECASE)
 OPTIONFLAGS = ELLIPSIS | NORMALIZE_WHITESPACE
 
+# (the directory a page started from, its empty directory), innermost last
+_PAGE_DIRS: list[tuple[str, str]] = []
+
+
+def _page_setup(namespace: dict) -> None:
+    _PAGE_DIRS.append((os.getcwd(), tempfile.mkdtemp(prefix="trainopt-page-")))
+    os.chdir(_PAGE_DIRS[-1][1])
+
+
+def _page_teardown(namespace: dict) -> None:
+    started, folder = _PAGE_DIRS.pop()
+    os.chdir(started)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 docs = Sybil(
     parsers=[PythonCodeBlockParser(doctest_optionflags=OPTIONFLAGS), SkipParser()],
     patterns=["*.md"],
     path="docs",
     excludes=["_build/*", "_generated/*"],
     name="docs",
+    setup=_page_setup,
+    teardown=_page_teardown,
 )
 
 

@@ -115,6 +115,21 @@ MUTATIONS = [
         ("tests/stability/test_data_resume.py",),
     ),
     Mutation(
+        "the checkpoint written before the first step holds the position after the first batch",
+        "stability/stabilizer_state.py",
+        "        if initial is not None and self.stabilizer.steps == 0:\n",
+        "        if False:\n",
+        ("tests/stability/test_recipe_restarts.py"
+         "::test_a_resume_from_the_checkpoint_written_before_the_first_step_is_the_same_run",),
+    ),
+    Mutation(
+        "the resumable loader's workers draw from a seed per epoch and worker, not per batch",
+        "stability/data.py",
+        '        if kwargs.get("num_workers", 0) > 0:\n',
+        "        if False:\n",
+        ("tests/stability/test_data_resume.py",),
+    ),
+    Mutation(
         "an averaged model counts a skipped update",
         "stability/averaging.py",
         "    count.copy_(torch.where(keep(count.device), count, count + 1))",

@@ -5,11 +5,18 @@ interrupted run saves model, optimizer, loader and generators with ``torch.save`
 then new objects load them and train on: the weights equal the uninterrupted run's bit for
 bit. The control is the loader the page used before: ``DataLoader(batch_sampler=
 ResumableSampler(...))``, whose iterators draw their seed from the global generator.
+
+The data set may draw random numbers itself (augmentation: ``torch.rand`` in ``__getitem__``,
+:class:`Noisy`): in the main process from the global generators, in a worker from a seed of the
+batch's epoch and place, so a run resumed mid-epoch with workers draws what the uninterrupted
+run drew, whatever the number of workers, and every epoch draws anew. A peek at a batch
+before training (``next(iter(loader))``) takes no batch from the training loop.
 """
 
 from __future__ import annotations
 
 import io
+import random
 
 import pytest
 import torch
@@ -22,17 +29,28 @@ DATA = TensorDataset(torch.randn(40, 6, generator=torch.Generator().manual_seed(
                      torch.randint(0, 3, (40,), generator=torch.Generator().manual_seed(1)))
 
 
-def _build(old_loader: bool, num_workers: int, persistent: bool = False):
+class Noisy(torch.utils.data.Dataset):
+    """``DATA`` with noise drawn in ``__getitem__``, from torch's and Python's generators."""
+
+    def __len__(self) -> int:
+        return len(DATA)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = DATA[i]
+        return x + 0.5 * torch.rand(6) + random.random(), y
+
+
+def _build(old_loader: bool, num_workers: int, persistent: bool = False, data=DATA):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.5),
                                 torch.nn.Linear(16, 3))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     if old_loader:
-        loader = DataLoader(DATA, batch_sampler=ResumableSampler(len(DATA), batch_size=4, seed=3),
+        loader = DataLoader(data, batch_sampler=ResumableSampler(len(data), batch_size=4, seed=3),
                             num_workers=num_workers)
         return model, optimizer, loader, loader.batch_sampler
     kwargs = {"num_workers": num_workers, "persistent_workers": persistent} if num_workers else {}
-    loader = ResumableDataLoader(DATA, batch_size=4, seed=3, **kwargs)
+    loader = ResumableDataLoader(data, batch_size=4, seed=3, **kwargs)
     return model, optimizer, loader, loader
 
 
@@ -53,21 +71,23 @@ def _weights(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def _straight_and_resumed(old_loader: bool, num_workers: int,
-                          persistent: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    model, optimizer, loader, position = _build(old_loader, num_workers, persistent)
+def _straight_and_resumed(old_loader: bool, num_workers: int, persistent: bool = False,
+                          data=DATA) -> tuple[torch.Tensor, torch.Tensor]:
+    random.seed(0)
+    model, optimizer, loader, position = _build(old_loader, num_workers, persistent, data)
     _train(model, optimizer, loader, STEPS)
     straight = _weights(model)
 
-    model, optimizer, loader, position = _build(old_loader, num_workers, persistent)
+    random.seed(0)
+    model, optimizer, loader, position = _build(old_loader, num_workers, persistent, data)
     _train(model, optimizer, loader, STOP)
     buffer = io.BytesIO()
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "data": position.state_dict(), "rng": get_rng_state()}, buffer)
     del model, optimizer, loader, position
-    torch.rand(100)  # a new process: the global generator is elsewhere
+    torch.rand(100), random.random()  # a new process: the global generators are elsewhere
 
-    model, optimizer, loader, position = _build(old_loader, num_workers, persistent)
+    model, optimizer, loader, position = _build(old_loader, num_workers, persistent, data)
     buffer.seek(0)
     state = torch.load(buffer, weights_only=True)
     model.load_state_dict(state["model"])
@@ -82,6 +102,81 @@ def _straight_and_resumed(old_loader: bool, num_workers: int,
 def test_a_resumed_run_with_dropout_equals_the_uninterrupted_run_bitwise(num_workers: int, persistent: bool) -> None:
     straight, resumed = _straight_and_resumed(False, num_workers, persistent)
     assert torch.equal(straight, resumed), (straight - resumed).abs().max()
+
+
+@pytest.mark.parametrize("num_workers, persistent", [(0, False), (2, False), (2, True)])
+def test_random_draws_in_getitem_resume_bitwise_mid_epoch(num_workers: int,
+                                                          persistent: bool) -> None:
+    """Workers seeded per epoch and worker start their generators again at the resumed position:
+    they draw batch 0's numbers for the batch they resume with."""
+    straight, resumed = _straight_and_resumed(False, num_workers, persistent, data=Noisy())
+    assert torch.equal(straight, resumed), (straight - resumed).abs().max()
+
+
+class Indexed(torch.utils.data.Dataset):
+    """The index, and noise drawn in ``__getitem__``: which sample drew what."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor]:
+        return i, torch.rand(3)
+
+
+def _draws(loader, epochs: int) -> list[dict[int, torch.Tensor]]:
+    seen = []
+    for _ in range(epochs):
+        seen.append({int(i): noise for index, draws in loader for i, noise in zip(index, draws)})
+    return seen
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_draw_anew_every_epoch(persistent: bool) -> None:
+    """A worker seed made of the position in the epoch alone would repeat each epoch's draws."""
+    loader = ResumableDataLoader(Indexed(), batch_size=4, seed=3, num_workers=2,
+                                 persistent_workers=persistent)
+    first, second = _draws(loader, 2)
+    assert sorted(first) == sorted(second) == list(range(40))
+    assert not any(torch.equal(first[i], second[i]) for i in range(40))
+
+
+def test_the_draws_do_not_depend_on_the_number_of_workers() -> None:
+    """Each batch draws from a seed of its own: a run resumed with other workers draws the same."""
+    one, two = (_draws(ResumableDataLoader(Indexed(), batch_size=4, seed=3, num_workers=n), 2)
+                for n in (1, 2))
+    assert all(torch.equal(one[e][i], two[e][i]) for e in range(2) for i in range(40))
+
+
+def test_a_peek_before_training_takes_no_training_batch() -> None:
+    """``next(iter(loader))``, then the training loop: it starts at the epoch's first batch."""
+    loader = ResumableDataLoader(DATA, batch_size=4, seed=3)
+    expected = [y for _x, y in ResumableDataLoader(DATA, batch_size=4, seed=3)]
+    peeked = next(iter(loader))
+    assert torch.equal(peeked[1], expected[0])
+    taken = []
+    for _x, y in loader:
+        taken.append(y)
+        assert loader.state_dict()["position"] == len(taken)  # what a checkpoint here would hold
+    assert len(taken) == 10 and all(torch.equal(a, b) for a, b in zip(taken, expected))
+
+
+def test_a_fresh_iterator_restarts_the_epoch_and_owns_the_position() -> None:
+    """As with torch's ``DataLoader``, each ``iter()`` starts the epoch again (here: where it was
+    loaded); the position is the newest iterator's, and an older one left open changes nothing."""
+    loader = ResumableDataLoader(DATA, batch_size=4, seed=3)
+    expected = [y for _x, y in ResumableDataLoader(DATA, batch_size=4, seed=3)]
+    older = iter(loader)
+    next(older), next(older)
+    newer = iter(loader)
+    assert torch.equal(next(newer)[1], expected[0]) and loader.state_dict()["position"] == 1
+    next(older)
+    assert loader.state_dict()["position"] == 1
+    state = loader.state_dict()
+    resumed = ResumableDataLoader(DATA, batch_size=4, seed=3)
+    resumed.load_state_dict(state)
+    next(iter(resumed))  # a peek at the resumed position
+    rest = [y for _x, y in resumed]
+    assert len(rest) == 9 and all(torch.equal(a, b) for a, b in zip(rest, expected[1:]))
 
 
 def test_the_loader_the_page_used_before_does_not_resume_bitwise() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import random
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +17,12 @@ _NOT_TAKEN = ("shuffle", "sampler", "batch_sampler", "drop_last", "generator")
 
 def _epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch) % 2**63
+
+
+def _batch_seed(seed: int, epoch: int, position: int) -> int:
+    """The seed a worker draws batch ``position`` of epoch ``epoch`` from (below 2**63)."""
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{position}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 class ResumableSampler(torch.utils.data.Sampler[list[int]]):
@@ -102,6 +111,66 @@ class ResumableSampler(torch.utils.data.Sampler[list[int]]):
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
+class _Batch(list):
+    """A batch of indices that carries the seed of its random draws to the worker that loads it."""
+
+    seed: int
+
+
+class _LoaderSampler(ResumableSampler):
+    """The loader's batch sampler: the batches from its position on, each with its seed."""
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch, start, order = self.epoch, self.position, self._permutation()
+        for position in range(start, len(self)):
+            self.position = position + 1  # batches fetched (workers fetch ahead)
+            first = position * self.batch_size
+            batch = _Batch(order[first:first + self.batch_size].tolist())
+            batch.seed = _batch_seed(self.seed, epoch, position)
+            yield batch
+        self.epoch, self.position = epoch + 1, 0
+
+
+def _seed_generators(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")  # torch imports it in every worker where it is installed
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)
+
+
+class _SeedEachBatch:
+    """``worker_init_fn``: before each batch, the worker seeds its generators with the batch's seed.
+
+    The worker's copy of the data set gets a ``__getitems__`` (the hook torch's fetcher calls
+    with a batch of indices) that seeds torch, ``random`` and NumPy with the batch's seed and
+    then loads the batch as before. Draws then depend on the batch alone: not on which worker
+    loads it, how many batches that worker loaded before, or whether the workers persist.
+    """
+
+    def __init__(self, then: Any = None) -> None:
+        self.then = then  # the user's worker_init_fn, called first
+
+    def __call__(self, worker_id: int) -> None:
+        if self.then is not None:
+            self.then(worker_id)
+        dataset = torch.utils.data.get_worker_info().dataset
+        load = getattr(dataset, "__getitems__", None)
+
+        def getitems(indices: list[int]) -> list[Any]:
+            seed = getattr(indices, "seed", None)
+            if seed is not None:
+                _seed_generators(seed)
+            return load(indices) if load else [dataset[i] for i in indices]
+
+        try:
+            dataset.__getitems__ = getitems
+        except (AttributeError, TypeError) as exc:
+            raise TypeError(f"ResumableDataLoader seeds each batch in its workers through the data "
+                            f"set's __getitems__, which {type(dataset).__name__} does not let it "
+                            f"set: use num_workers=0, or a data set without __slots__") from exc
+
+
 class ResumableDataLoader(torch.utils.data.DataLoader):
     """A ``DataLoader`` whose position is the batches the training loop took: it resumes bit for bit.
 
@@ -114,10 +183,20 @@ class ResumableDataLoader(torch.utils.data.DataLoader):
     replaces, keeps dropout and every other draw in step. :meth:`load_state_dict` starts the next
     iterator at the position without loading the batches before it.
 
-    Iterating gives the rest of the current epoch, like :class:`ResumableSampler`. Randomness
-    inside the data set's ``__getitem__`` draws, with ``num_workers=0``, from the global
-    generators (restore them with :func:`~trainopt.stability.rng.set_rng_state`); in a worker,
-    from a seed per epoch and worker, which a resumed run starts again at its position.
+    Each ``iter(loader)`` starts the current epoch at the loader's start: its first batch, or
+    the position :meth:`load_state_dict` set (as with torch's ``DataLoader``, a fresh iterator
+    starts the epoch again, rather than going on where another one stopped). The position is
+    that of the newest iterator (an older one left open changes nothing), kept when it stops
+    early, so a run that breaks out of its loop and saves resumes after its last batch. So a
+    peek before training, ``next(iter(loader))``, takes no batch from the training loop, whose
+    ``for`` opens a fresh iterator. An iterator that runs to the end of the epoch moves the
+    loader on to the next epoch.
+
+    Randomness inside the data set's ``__getitem__`` draws, with ``num_workers=0``, from the
+    global generators (restore them with :func:`~trainopt.stability.rng.set_rng_state`); in a
+    worker, from torch's, ``random``'s and NumPy's generators seeded, before each batch, with a
+    seed of ``(seed, epoch, batch)``: a resumed run draws what the run it replaces drew, whatever
+    the number of workers, and each epoch draws anew. (A ``worker_init_fn`` is called first.)
 
     Args:
         dataset: A map-style data set (``len`` and ``__getitem__``).
@@ -148,19 +227,30 @@ class ResumableDataLoader(torch.utils.data.DataLoader):
         if taken:
             raise ValueError(f"ResumableDataLoader sets {', '.join(taken)} itself: leave "
                              f"{'it' if len(taken) == 1 else 'them'} out (batch_size=, seed= choose the batches)")
-        sampler = ResumableSampler(len(dataset), batch_size, seed)
+        sampler = _LoaderSampler(len(dataset), batch_size, seed)
+        if kwargs.get("num_workers", 0) > 0:
+            kwargs["worker_init_fn"] = _SeedEachBatch(kwargs.get("worker_init_fn"))
         super().__init__(dataset, batch_sampler=sampler, generator=torch.Generator(), **kwargs)
         self.seed, self.epoch, self.consumed = int(seed), 0, 0
+        self._start = 0  # where the epoch's iterators start: 0, or the position loaded
+        self._current: object | None = None  # the newest iterator's token
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        """The rest of the current epoch, counting each batch as the loop takes it."""
+        """The current epoch from the loader's start, counting each batch as the loop takes it."""
+        token = self._current = object()
+        self.consumed = self._start
+        return self._batches(token, self.epoch, self._start)
+
+    def _batches(self, token: object, epoch: int, start: int) -> Iterator[Any]:
         sampler = self.batch_sampler
-        sampler.epoch, sampler.position = self.epoch, self.consumed
+        sampler.epoch, sampler.position = epoch, start
         self.generator.manual_seed(_epoch_seed(self.seed, self.epoch) ^ 0x5EED)
         for batch in super().__iter__():
-            self.consumed += 1
+            if self._current is token:
+                self.consumed += 1
             yield batch
-        self.epoch, self.consumed = self.epoch + 1, 0
+        if self._current is token:  # the newest iterator ran to the end: the next epoch
+            self.epoch, self._start, self.consumed, self._current = epoch + 1, 0, 0, None
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch, the batches of it the loop took, and the settings they depend on."""
@@ -170,3 +260,4 @@ class ResumableDataLoader(torch.utils.data.DataLoader):
         """Continue from :meth:`state_dict`'s position (the settings must match)."""
         self.batch_sampler.load_state_dict(state)
         self.epoch, self.consumed = self.batch_sampler.epoch, self.batch_sampler.position
+        self._start, self._current = self.consumed, None  # open iterators count no more

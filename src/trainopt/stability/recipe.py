@@ -1,13 +1,14 @@
 """The stability page's complete recipe, as a command that survives being killed.
 
-``python -m trainopt.stability.recipe --checkpoint-dir DIR --steps N --check-every K --out FILE``
+``python -m trainopt.stability.recipe [--checkpoint-dir DIR] --steps N --check-every K --out FILE``
 trains the digits MLP (:mod:`trainopt.models`, with dropout) with the whole stack in one object:
 a warm-up and cosine schedule, clipping against the run's own history
 (:class:`~trainopt.stability.clipping.ZScoreClipper`), steps skipped on the device when a batch
 is far outside the run's range or a value is not finite, a rollback with a halved learning rate
 when the run diverges, and a checkpoint every ``K`` steps while it is stable, the position of a
 :class:`~trainopt.stability.data.ResumableDataLoader` included. It resumes from the newest valid
-checkpoint in ``DIR`` when there is one, and at the end writes the model's ``state_dict`` to
+checkpoint in ``DIR`` (default ``checkpoints/recipe``, below the working directory: a folder that
+outlives the process) when there is one, and at the end writes the model's ``state_dict`` to
 ``FILE`` with ``torch.save``.
 
 Run it again with the same arguments after a crash, a ``kill -9`` included, and it continues as
@@ -41,6 +42,9 @@ from trainopt.stability.data import ResumableDataLoader
 from trainopt.stability.stabilizer import TrainingStabilizer
 
 __all__ = ["build_parser", "build_run", "main", "make_deterministic", "train"]
+
+# Where the command keeps its checkpoints: a folder that survives a restart (not a temporary one).
+DEFAULT_CHECKPOINT_DIR = "checkpoints/recipe"
 
 # Faults by batch drawn (the data position moves on through rollbacks and restarts alike).
 FAULTS = {25: "nan_loss", 145: "loss_spike", 172: "diverged_weights"}
@@ -133,13 +137,14 @@ def build_parser() -> ArgumentParser:
 
     Example:
         >>> from trainopt.stability.recipe import build_parser
-        >>> args = build_parser().parse_args(["--checkpoint-dir", "ckpt", "--steps", "50", "--out",
-        ...                                   "w.pt"])
-        >>> args.steps, args.check_every, args.out.name
-        (50, 10, 'w.pt')
+        >>> args = build_parser().parse_args(["--steps", "50", "--out", "w.pt"])
+        >>> args.steps, args.check_every, args.out.name, args.checkpoint_dir.as_posix()
+        (50, 10, 'w.pt', 'checkpoints/recipe')
     """
     parser = ArgumentParser(prog="python -m trainopt.stability.recipe", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint-dir", type=output_folder, required=True, help="checkpoints: read to resume, written")
+    parser.add_argument("--checkpoint-dir", type=output_folder, default=DEFAULT_CHECKPOINT_DIR,
+                        help=f"checkpoints: read to resume, written (default "
+                             f"{DEFAULT_CHECKPOINT_DIR}: rerun from the same folder to continue)")
     parser.add_argument("--steps", type=positive_int, required=True, help="training steps of the whole run")
     parser.add_argument("--check-every", type=positive_int, default=10,
                         help="steps between boundaries: checks, checkpoints, rollbacks (default 10)")

@@ -189,6 +189,8 @@ class TrainingStabilizer:
             skip_unstable=skip_unstable, averaged=[] if averaged is None else _as_list(averaged), data=data,
             process_group=process_group, scaler=self.scaler, trajectory=self._trajectory)
         self.micro = 0
+        # the step-0 checkpoint's generators and data position: before the loop draws a batch
+        self._initial_entry: dict[str, Any] | None = RankEntries.initial(self)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The autocast context of this stabilizer (a no-op in full precision)."""

@@ -17,6 +17,14 @@ class RankEntries:
     entry: everything on a resume, only the stabilizer's trajectory on a rollback (the run moves
     on in the data and the random numbers, and keeps counting skipped steps).
 
+    The checkpoint written before the first step is written by that step, once the training
+    loop has drawn the step's batch (and whatever random numbers its loader drew): its data
+    position and generators are those *after* the batch. So the entry of a stabilizer that has
+    not stepped yet holds the generators and data position of :meth:`initial` instead, the
+    snapshot taken when the stabilizer was built (``stabilizer._initial_entry``): a run resumed
+    from that checkpoint draws the first batch and the first random numbers again, as the run it
+    replaces did. The snapshot is dropped once a checkpoint is loaded (the run is elsewhere then).
+
     Example:
         >>> import torch
         >>> from trainopt.stability import TrainingStabilizer
@@ -32,9 +40,24 @@ class RankEntries:
         self.stabilizer, self.resume = stabilizer, resume
 
     def local(self) -> dict[str, Any]:
+        """This rank's entry: the stabilizer's state, the generators and the data position now
+        (those of :meth:`initial` while the stabilizer has not stepped)."""
+        initial = getattr(self.stabilizer, "_initial_entry", None)
+        if initial is not None and self.stabilizer.steps == 0:
+            return {"stabilizer": self.stabilizer.state_dict(), **initial}
         data = self.stabilizer.data
         return {"stabilizer": self.stabilizer.state_dict(), "rng": get_rng_state(),
                 "data": None if data is None else data.state_dict()}
+
+    @staticmethod
+    def initial(stabilizer: Any) -> dict[str, Any]:
+        """The generators and data position at the start, before the loop draws anything.
+
+        Called at the end of ``TrainingStabilizer.__init__``; what a resume from the checkpoint
+        written before the first step restores.
+        """
+        data = stabilizer.data
+        return {"rng": get_rng_state(), "data": None if data is None else data.state_dict()}
 
     def state_dict(self) -> dict[str, Any]:
         rank, world = rank_and_world(self.stabilizer.process_group)
@@ -45,6 +68,7 @@ class RankEntries:
         if len(state["ranks"]) != world:
             raise ValueError(f"the checkpoint holds {len(state['ranks'])} ranks, this run has {world}")
         entry = state["ranks"][rank]
+        self.stabilizer._initial_entry = None  # the run continues from the file, not the start
         if not self.resume:
             self.stabilizer._load_trajectory(entry["stabilizer"])
             return
