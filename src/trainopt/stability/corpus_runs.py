@@ -283,7 +283,6 @@ def _policy(batch_size: int, seed: int) -> Task:
     mean reward of the sampled actions, negative and falling towards -1.
     """
     digits = _digits(batch_size, seed)
-    _, _, x_val, y_val = digits_data(seed=0)
     actions = torch.Generator().manual_seed(seed + 1)
 
     def loss(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -293,14 +292,7 @@ def _policy(batch_size: int, seed: int) -> Task:
         chosen = log_p.gather(1, action[:, None]).squeeze(1)
         return -((chosen - chosen.detach()).exp() * reward).mean()
 
-    @torch.no_grad()
-    def evaluate(m: torch.nn.Module) -> float:
-        m.eval()
-        accuracy = float((m(x_val).argmax(1) == y_val).float().mean())
-        m.train()
-        return accuracy
-
-    return Task(digits.model, digits.batch, loss, evaluate, digits.steps_per_epoch)
+    return Task(digits.model, digits.batch, loss, digits.evaluate, digits.steps_per_epoch)
 
 
 TASKS = ("digits", "digits0-4", "language", "vae", "curriculum", "mixture", "plateau", "policy", "stdlib")
