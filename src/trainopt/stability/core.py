@@ -23,8 +23,9 @@ as ``optimizer.step()``), and through the guard the Hugging Face, Lightning and 
 integrations, wrap one of these. Nothing of the update is written twice.
 
 Skips and rollbacks are logged through :mod:`logging`, logger ``trainopt.stability``: each skipped
-step at ``INFO`` (read at the boundary after it, with its step and reason), each rollback at
-``WARNING``.
+step at ``INFO`` (read at the boundary after it, with its step and reason; a step records its
+reason only while the logger takes ``INFO``, so a run that logs nothing pays nothing for it), each
+rollback at ``WARNING``.
 """
 
 from __future__ import annotations
@@ -178,7 +179,8 @@ class GuardedUpdate:
         for average in self.averaged:
             masked_update_parameters(average, self.model, skip)
         self.skipped.add_(skip.long())
-        self.codes[(self.steps - self.window_start) % self.check_every] = self._code(skip)
+        if logger.isEnabledFor(logging.INFO):  # the reasons are only read to be logged
+            self.codes[(self.steps - self.window_start) % self.check_every] = self._code(skip)
         if self.scaler is not None:
             self.scaler.update()
         self.steps += 1
@@ -202,8 +204,7 @@ class GuardedUpdate:
         """
         report = self.checker.check()
         since = self.steps - self.window_start
-        codes = self.codes[:since].tolist() if since else []
-        skipped = int(self.skipped.item())
+        skipped, *codes = torch.cat([self.skipped.view(1), self.codes[:since].long()]).tolist()  # one read
         self.skipped.zero_()
         self.codes.zero_()
         self.total_skipped += skipped
@@ -244,8 +245,6 @@ class GuardedUpdate:
                 and not report["loss"].get("diverging"))
 
     def _log_skips(self, codes: list[int]) -> None:
-        if not logger.isEnabledFor(logging.INFO):
-            return
         for offset, code in enumerate(codes):
             if code:
                 why = ", ".join(name for bit, name in _REASONS if code & bit)

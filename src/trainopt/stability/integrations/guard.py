@@ -161,7 +161,7 @@ class GuardedOptimizer(torch.optim.Optimizer):
         checkpoint_dir: str | Path | None = None, save_every: int | None = None, keep_last: int | None = 3,
         lr_factor: float = 0.5, max_rollbacks: int = 3, patience: int = 10, process_group: Any = None,
     ) -> None:
-        check_settings(model or torch.nn.Module(), [optimizer], [scheduler], dtype=None, scaler=None,
+        check_settings(model, [optimizer], [scheduler], dtype=None, scaler=None,
                        check_every=check_every, accumulate=1, max_grad_norm=max_grad_norm,
                        checkpoint_dir=checkpoint_dir, save_every=save_every, recovery=None)
         if checkpoint_dir is not None and model is None:
