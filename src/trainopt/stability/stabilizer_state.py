@@ -43,18 +43,16 @@ class RankEntries:
         """This rank's entry: the stabilizer's state, the generators and the data position now
         (those of :meth:`initial` while the stabilizer has not stepped)."""
         initial = getattr(self.stabilizer, "_initial_entry", None)
-        if initial is not None and self.stabilizer.steps == 0:
-            return {"stabilizer": self.stabilizer.state_dict(), **initial}
-        data = self.stabilizer.data
-        return {"stabilizer": self.stabilizer.state_dict(), "rng": get_rng_state(),
-                "data": None if data is None else data.state_dict()}
+        if initial is None or self.stabilizer.steps != 0:
+            initial = self.initial(self.stabilizer)
+        return {"stabilizer": self.stabilizer.state_dict(), **initial}
 
     @staticmethod
     def initial(stabilizer: Any) -> dict[str, Any]:
-        """The generators and data position at the start, before the loop draws anything.
+        """The generators and data position now.
 
-        Called at the end of ``TrainingStabilizer.__init__``; what a resume from the checkpoint
-        written before the first step restores.
+        Called at the end of ``TrainingStabilizer.__init__``, before the loop draws anything: what
+        a resume from the checkpoint written before the first step restores.
         """
         data = stabilizer.data
         return {"rng": get_rng_state(), "data": None if data is None else data.state_dict()}
