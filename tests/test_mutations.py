@@ -83,10 +83,26 @@ MUTATIONS = [
     ),
     Mutation(
         "the stabilizer's step reads the skip flag on the host (a sync)",
-        "stability/stabilizer.py",
+        "stability/core.py",
         "        found_inf = skip.to(torch.float32)\n",
         "        found_inf = skip.to(torch.float32)\n        _ = bool(found_inf)\n",
         ("tests/stability/test_sync_free.py",),
+    ),
+    Mutation(
+        "a rollback does not reopen the schedule window (its first window runs at the uncut rate)",
+        "stability/core.py",
+        "        self.window.reopen()\n        self.window_start = self.steps\n        logger.warning(",
+        "        self.window_start = self.steps\n        logger.warning(",
+        ("tests/stability/test_rollback_path.py::test_after_a_rollback_each_step_runs_at_lr_factor_times_"
+         "the_schedule_at_the_restored_position",),
+    ),
+    Mutation(
+        "a window with flagged steps in a row becomes a rollback target",
+        "stability/core.py",
+        '        if report["is_stable"]:\n            return True\n        return (',
+        "        return True or (",
+        ("tests/stability/test_rollback_path.py::test_a_window_with_two_flagged_steps_in_a_row_is_no_"
+         "rollback_target",),
     ),
     Mutation(
         "a resume does not restore the random generators (the masks drawn after a restart differ)",
