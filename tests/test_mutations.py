@@ -133,8 +133,8 @@ MUTATIONS = [
     Mutation(
         "the checkpoint written before the first step holds the position after the first batch",
         "stability/stabilizer_state.py",
-        "        if initial is not None and self.stabilizer.steps == 0:\n",
-        "        if False:\n",
+        "        if initial is None or self.stabilizer.steps != 0:\n",
+        "        if True:\n",
         ("tests/stability/test_recipe_restarts.py"
          "::test_a_resume_from_the_checkpoint_written_before_the_first_step_is_the_same_run",),
     ),
