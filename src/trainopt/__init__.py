@@ -13,4 +13,4 @@ One package per section of the documentation site:
 Import from the section package, e.g. ``from trainopt.schedules import cosine_annealing_schedule``.
 """
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"

@@ -80,7 +80,7 @@ def stabilized(name: str, folder: str | Path, seed: int) -> dict[str, Any]:
     from trainopt.stability.stabilizer import TrainingStabilizer
 
     model, opt, sched = build(name, seed)
-    recovery = TrainingRecovery(model, opt, CheckpointManager(folder, save_frequency=10), scheduler=sched)
+    recovery = TrainingRecovery(model, opt, CheckpointManager(folder, save_every=10), scheduler=sched)
     stabilizer = TrainingStabilizer(model, opt, sched, recovery=recovery, check_every=10)
     return {"model": model, "optimizer": opt, "scheduler": sched, "stabilizer": stabilizer}
 

@@ -65,7 +65,7 @@ class Warmup:
 
 def test_save_writes_named_files_and_keeps_last(tmp_path):
     model, opt = make()
-    manager = CheckpointManager(tmp_path, save_frequency=10, keep_last=2)
+    manager = CheckpointManager(tmp_path, save_every=10, keep_last=2)
     for step in (10, 20, 30, 40):
         path = manager.save_checkpoint(model, opt, step, loss=1.0)
         assert path == tmp_path / f"checkpoint_step_{step}.pt"
@@ -114,12 +114,12 @@ def test_new_manager_remembers_best_loss_of_the_directory(tmp_path):
 
 
 def test_should_save_every_save_frequency_steps(tmp_path):
-    manager = CheckpointManager(tmp_path, save_frequency=5)
+    manager = CheckpointManager(tmp_path, save_every=5)
     assert [s for s in range(16) if manager.should_save(s)] == [5, 10, 15]
 
 
 @pytest.mark.parametrize(
-    "kwargs, field", [({"save_frequency": 0}, "save_frequency"), ({"keep_last": 0}, "keep_last")]
+    "kwargs, field", [({"save_every": 0}, "save_every"), ({"keep_last": 0}, "keep_last")]
 )
 def test_bad_arguments_raise_naming_the_field(tmp_path, kwargs, field):
     with pytest.raises(ValueError, match=field):

@@ -109,7 +109,7 @@ def _stabilized(folder, clipper: bool, seed: int):
     from trainopt.stability.stabilizer import TrainingStabilizer
 
     run = _run(seed=seed, steps=0)
-    recovery = TrainingRecovery(run["model"], run["optimizer"], CheckpointManager(folder, save_frequency=5),
+    recovery = TrainingRecovery(run["model"], run["optimizer"], CheckpointManager(folder, save_every=5),
                                 scheduler=run["scheduler"])
     stabilizer = TrainingStabilizer(run["model"], run["optimizer"], run["scheduler"], check_every=5,
                                     recovery=recovery, clipper=ZScoreClipper() if clipper else None)

@@ -207,3 +207,34 @@ def test_the_global_generator_is_never_drawn_from() -> None:
 def test_arguments_it_sets_itself_are_refused() -> None:
     with pytest.raises(ValueError, match="ResumableDataLoader sets generator, shuffle itself"):
         ResumableDataLoader(DATA, batch_size=4, shuffle=True, generator=torch.Generator())
+
+
+@pytest.mark.parametrize("peek", ["before the stabilizer is built", "after it is built", "none"])
+def test_a_resume_from_the_step_0_checkpoint_takes_the_first_batch_again(peek: str, tmp_path) -> None:
+    """Break caught: the step-0 checkpoint holding the peek's position (the resumed run one batch ahead)."""
+    from trainopt.stability import TrainingStabilizer
+
+    def run(resume: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(DATA.tensors[0].shape[1], 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        loader = ResumableDataLoader(DATA, batch_size=4, seed=3)
+        if peek == "before the stabilizer is built":
+            next(iter(loader))
+        stabilizer = TrainingStabilizer(model, opt, checkpoint_dir=tmp_path, check_every=50, data=loader)
+        if peek == "after it is built":
+            next(iter(loader))
+        if resume:
+            assert stabilizer.resume() == 0
+        taken = []
+        for x, y in loader:
+            taken.append(y)
+            stabilizer.step(lambda: (model(x).squeeze(-1) - y.float()).pow(2).mean())
+            if len(taken) == 3:
+                break
+        return taken
+
+    first = run(resume=False)  # writes only the step-0 checkpoint (no boundary in 3 steps)
+    assert [p.name for p in tmp_path.glob("checkpoint_step_*.pt")] == ["checkpoint_step_0.pt"]
+    again = run(resume=True)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))

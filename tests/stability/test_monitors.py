@@ -242,7 +242,7 @@ def test_gradient_monitor_state_survives_a_weights_only_checkpoint() -> None:
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"window_size": 1}, "window_size"), ({"threshold": -1.0}, "threshold"),
+    [({"window_size": 1}, "window_size"), ({"spike_factor": -1.0}, "spike_factor"),
      ({"min_history": 100, "window_size": 10}, "min_history"), ({"check_every": 0}, "check_every")],
 )
 def test_loss_monitor_rejects_bad_arguments_by_name(kwargs: dict, field: str) -> None:

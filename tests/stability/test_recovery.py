@@ -84,14 +84,14 @@ def test_detects_a_gradient_explosion_against_the_median() -> None:
 def test_flagged_steps_need_no_rollback_until_they_persist_or_the_run_diverges() -> None:
     recovery = _recovery()
     assert recovery.patience == 10
-    assert recovery.check({"flagged_steps": 9, "max_streak": 1, "reasons": ["9 loss spikes"]}) is None
-    assert recovery.check({"flagged_steps": 9, "max_streak": 9, "reasons": ["9 loss spikes"]}) is None
-    assert recovery.check({"flagged_steps": 10, "max_streak": 10,
+    assert recovery.rollback_reason({"flagged_steps": 9, "max_streak": 1, "reasons": ["9 loss spikes"]}) is None
+    assert recovery.rollback_reason({"flagged_steps": 9, "max_streak": 9, "reasons": ["9 loss spikes"]}) is None
+    assert recovery.rollback_reason({"flagged_steps": 10, "max_streak": 10,
                            "reasons": ["10 loss spikes"]}).startswith("10 consecutive unstable steps")
     diverging = {"flagged_steps": 0, "max_streak": 0, "loss": {"diverging": 1},
                  "reasons": ["diverging (recent median loss 2.3 above ...)"]}
-    assert recovery.check(diverging).startswith("diverging")
-    assert recovery.check({"flagged_steps": 0, "weights_finite": False}) == "non-finite weights"
+    assert recovery.rollback_reason(diverging).startswith("diverging")
+    assert recovery.rollback_reason({"flagged_steps": 0, "weights_finite": False}) == "non-finite weights"
 
 
 # -- rollback ------------------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def run(tmp_path):
     model = torch.nn.Linear(4, 3)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = cosine_annealing_schedule(opt, total_steps=100, warmup_steps=5)
-    manager = CheckpointManager(tmp_path, save_frequency=10, keep_last=3)
+    manager = CheckpointManager(tmp_path, save_every=10, keep_last=3)
     x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
     return model, opt, sched, manager, x, y
 
@@ -152,10 +152,10 @@ def test_recover_gives_up_with_a_clear_error_after_max_attempts(run) -> None:
     model, opt, sched, manager, x, y = run
     _train_steps(model, opt, sched, 10, x, y)
     manager.save_checkpoint(model, opt, 10, 1.0, scheduler=sched)
-    recovery = TrainingRecovery(model, opt, manager, scheduler=sched, max_recovery_attempts=2)
+    recovery = TrainingRecovery(model, opt, manager, scheduler=sched, max_rollbacks=2)
     recovery.recover("a")
     recovery.recover("b")
-    with pytest.raises(TrainingInstabilityError, match="max_recovery_attempts=2"):
+    with pytest.raises(TrainingInstabilityError, match="max_rollbacks=2"):
         recovery.recover("c")
 
 
@@ -188,8 +188,8 @@ def test_recovery_state_survives_a_weights_only_checkpoint() -> None:
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    ({"lr_factor": 1.5}, "lr_factor"), ({"max_recovery_attempts": 0}, "max_recovery_attempts"),
-    ({"skip_batches": -1}, "skip_batches"), ({"spike_threshold": 0}, "spike_threshold"),
+    ({"lr_factor": 1.5}, "lr_factor"), ({"max_rollbacks": 0}, "max_rollbacks"),
+    ({"skip_batches": -1}, "skip_batches"), ({"spike_factor": 0}, "spike_factor"),
 ])
 def test_recovery_rejects_bad_arguments_by_name(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):

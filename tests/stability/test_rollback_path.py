@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainopt.stability import TrainingStabilizer
+from trainopt.stability import Rollback, TrainingStabilizer
 from trainopt.stability.integrations import GuardedOptimizer
 
 CHECK = 10
@@ -117,12 +117,12 @@ def test_one_isolated_skip_in_every_window_still_checkpoints(kind: str, tmp_path
     door = _Door(kind, tmp_path)
     for i in range(5 * CHECK):
         door.step(i, bad=i % CHECK == 4)
-    assert door.core.last_save == 5 * CHECK and door.core.total_skipped == 5
+    assert door.core.last_save == 5 * CHECK and door.core.skipped_steps == 5
 
 
 def test_a_rollback_restores_the_averaged_model(tmp_path) -> None:
     """Break caught: ``averaged_i`` left out of the checkpoint's extras on a rollback."""
-    door = _Door("stabilizer", tmp_path, averaged=True, patience=5)
+    door = _Door("stabilizer", tmp_path, averaged=True, rollback=Rollback(patience=5))
     for i in range(2 * CHECK):
         door.step(i)
     saved = {k: v.clone() for k, v in door.average.state_dict().items()}  # as written at step 20
@@ -141,7 +141,7 @@ def test_check_between_boundaries_leaves_the_schedule_where_plain_torch_has_it(k
     door = _Door(kind, tmp_path)
     for i in range(25):
         door.step(i, bad=i == 22)
-    door.front.check()  # 5 steps since the boundary at 20, one of them skipped: 24 applied
+    door.front.end_window()  # 5 steps since the boundary at 20, one of them skipped: 24 applied
     assert door.scheduler.last_epoch == 24
     door.step(25)
     assert door.rate() == pytest.approx(0.1 * _schedule(24), rel=1e-6)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from scheduler_configs import SCHEDULERS
-from trainopt.stability import TrainingStabilizer
+from trainopt.stability import Detection, TrainingStabilizer
 
 STEPS, BAD = 28, {2, 9}
 STEPPED = {name: build for name, build in SCHEDULERS.items()
@@ -61,7 +61,7 @@ def _plain(optimizer_name: str, scheduler_name: str) -> tuple[torch.nn.Module, l
 
 def _stabilized(optimizer_name: str, scheduler_name: str, check_every: int):
     model, optimizer, scheduler = _build(optimizer_name, scheduler_name)
-    stabilizer = TrainingStabilizer(model, optimizer, scheduler, check_every=check_every, skip_unstable=False)
+    stabilizer = TrainingStabilizer(model, optimizer, scheduler, check_every=check_every, detection=Detection(skip_unstable=False))
     at_boundaries = []
     for i, (x, y) in enumerate(_data()):
         factor = math.nan if i in BAD else 1.0
@@ -97,7 +97,7 @@ CYCLES_MOMENTUM = ("CyclicLR", "OneCycleLR")
 def test_cycled_momentum_follows_the_host_position_after_a_skip(optimizer_name: str) -> None:
     """The documented bound: momentum/betas run one row ahead per skip until the boundary, lr exact."""
     model, optimizer, scheduler = _build(optimizer_name, "OneCycleLR")
-    stabilizer = TrainingStabilizer(model, optimizer, scheduler, check_every=8, skip_unstable=False)
+    stabilizer = TrainingStabilizer(model, optimizer, scheduler, check_every=8, detection=Detection(skip_unstable=False))
     key = "momentum" if "SGD" in optimizer_name else "betas"
     rows = stabilizer.window.host_rows
     column = next(i for i, (_, k, _, _) in enumerate(stabilizer.window.slots) if k == key)
@@ -120,7 +120,7 @@ def test_cycled_momentum_follows_the_host_position_after_a_skip(optimizer_name: 
 def test_without_the_window_the_old_hold_still_shifts_the_schedule() -> None:
     """The control: stepping the scheduler on every call, skipped ones included, drifts by percents."""
     model, optimizer, scheduler = _build("SGD-momentum", "StepLR")
-    stabilizer = TrainingStabilizer(model, optimizer, None, check_every=4, skip_unstable=False)
+    stabilizer = TrainingStabilizer(model, optimizer, None, check_every=4, detection=Detection(skip_unstable=False))
     for i, (x, y) in enumerate(_data()):
         factor = math.nan if i in BAD else 1.0
         stabilizer.step(lambda: F.cross_entropy(model(x), y) * factor)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from optimizer_configs import HELD, assert_same, ids
+from trainopt.stability.config import Detection
 from trainopt.stability.scaling import DynamicLossScaler
 from trainopt.schedules.adapters import cosine_annealing_schedule
 from trainopt.stability.stabilizer import StabilityChecker, TrainingStabilizer
@@ -96,7 +97,7 @@ def test_overflow_is_judged_from_gradients_not_the_loss() -> None:
 def test_loss_spike_step_is_skipped_only_when_asked(skip_unstable: bool, expect_skipped: int) -> None:
     model, x, y = _task()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    stabilizer = TrainingStabilizer(model, opt, check_every=100, skip_unstable=skip_unstable)
+    stabilizer = TrainingStabilizer(model, opt, check_every=100, detection=Detection(skip_unstable=skip_unstable))
     for _ in range(25):
         stabilizer.step(_loss(model, x, y))
     stabilizer.step(_loss(model, x, y, scale=100.0))
@@ -249,7 +250,7 @@ def test_rollback_at_a_boundary_keeps_schedule_and_applied_steps_aligned(tmp_pat
     model, x, y = _task()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
     sched = cosine_annealing_schedule(opt, total_steps=100, warmup_steps=5)
-    recovery = TrainingRecovery(model, opt, CheckpointManager(tmp_path, save_frequency=10),
+    recovery = TrainingRecovery(model, opt, CheckpointManager(tmp_path, save_every=10),
                                 scheduler=sched, lr_factor=0.5)
     stabilizer = TrainingStabilizer(model, opt, sched, check_every=10, recovery=recovery)
     _nan_at({3}, stabilizer, model, x, y, total=20)  # boundaries at 10 and 20 save checkpoints
@@ -276,7 +277,7 @@ def _resumable_run(folder: Path, seed: int = 1):
     model, x, y = _task(seed=seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
     sched = cosine_annealing_schedule(opt, total_steps=40, warmup_steps=4)
-    recovery = TrainingRecovery(model, opt, CheckpointManager(folder, save_frequency=5), scheduler=sched)
+    recovery = TrainingRecovery(model, opt, CheckpointManager(folder, save_every=5), scheduler=sched)
     sampler = ResumableSampler(len(x), 16, seed=seed)
     stabilizer = TrainingStabilizer(model, opt, sched, clipper=ZScoreClipper(warmup_steps=3), check_every=5,
                                     recovery=recovery, data=sampler)
@@ -317,7 +318,7 @@ def test_a_restart_from_the_stabilizers_own_checkpoint_is_bitwise_the_same_run(t
                                                  _optimizer_state(resumed.optimizer)))
     assert straight.scheduler.state_dict() == resumed.scheduler.state_dict()
     assert straight.skip_events == resumed.skip_events == 1 and resumed.applied_steps == 29
-    counters = ("steps", "total_skipped", "skip_events", "last_save")
+    counters = ("steps", "skipped_steps", "skip_events", "last_save")
     assert [getattr(straight, c) for c in counters] == [getattr(resumed, c) for c in counters]
     assert_same(straight.checker.state_dict(), resumed.checker.state_dict())
     assert straight.clipper.state_dict().keys() == resumed.clipper.state_dict().keys()
@@ -341,5 +342,5 @@ def test_a_rollback_restores_the_trajectory_and_keeps_counting_skips(tmp_path: P
     assert stabilizer.steps == 10 and stabilizer.recovery.lr_scale == 0.5
     assert all(torch.equal(p, s) for p, s in zip(stabilizer.model.parameters(), saved))
     # the NaN before the checkpoint stays counted; the rollback rewound the trajectory's count
-    assert stabilizer.skip_events == 1 and stabilizer.total_skipped == 1
+    assert stabilizer.skip_events == 1 and stabilizer.skipped_steps == 1
     assert stabilizer.recovery.history[0]["reason"].startswith("diverging")

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from trainopt.stability import CheckpointManager, TrainingRecovery, TrainingStabilizer
+from trainopt.stability import CheckpointManager, Rollback, TrainingRecovery, TrainingStabilizer
 
 
 def _task(seed: int = 0):
@@ -73,13 +73,13 @@ def test_two_optimizers_update_together_and_skip_together() -> None:
 def test_a_checkpoint_dir_gives_saves_rollbacks_and_resume(tmp_path: Path) -> None:
     model, data = _task()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
-    stabilizer = TrainingStabilizer(model, opt, checkpoint_dir=tmp_path, check_every=5, save_every=7)
+    stabilizer = TrainingStabilizer(model, opt, checkpoint_dir=tmp_path, check_every=5, rollback=Rollback(save_every=7))
     for x, y in data[:20]:
         stabilizer.step(lambda: F.cross_entropy(model(x), y))
     saved = sorted(int(p.stem.split("_")[-1]) for p in tmp_path.glob("checkpoint_step_*.pt"))
     assert saved == [0, 10, 20]  # the start, then the first stable boundary 7 or more steps after the last
     again = TrainingStabilizer(copy.deepcopy(model), torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True),
-                               checkpoint_dir=tmp_path, check_every=5, save_every=7)
+                               checkpoint_dir=tmp_path, check_every=5, rollback=Rollback(save_every=7))
     assert again.resume() == 20
 
 
@@ -127,7 +127,7 @@ def test_inconsistent_settings_are_refused_when_built(case: str, tmp_path: Path)
         "a scheduler of another optimizer": "drives another optimizer",
         "schedulers and optimizers of different counts": "one scheduler \\(or None\\) per optimizer",
         "accumulate=0": "accumulate must be a positive int",
-        "save_every=0": "save_every must be a positive int",
+        "save_every=0": r"Rollback.save_every must be an int >= 1 or None, got save_every=0",
         "a step hook": "step hooks",
     }[case]
     if case == "recovery without the scheduler":
@@ -142,8 +142,10 @@ def test_inconsistent_settings_are_refused_when_built(case: str, tmp_path: Path)
         kwargs["scheduler"] = [sched, None]
     elif case == "accumulate=0":
         kwargs["accumulate"] = 0
-    elif case == "save_every=0":
-        kwargs.update(checkpoint_dir=tmp_path, save_every=0)
+    elif case == "save_every=0":  # the settings' group refuses it when built
+        with pytest.raises(ValueError, match=match):
+            TrainingStabilizer(model, opt, checkpoint_dir=tmp_path, rollback=Rollback(save_every=0))
+        return
     else:
         opt.register_step_post_hook(lambda *args: None)
     with pytest.raises(ValueError, match=match):

@@ -13,6 +13,8 @@
   run depends on, the position in the data included.
 - :mod:`~trainopt.stability.rates` and :mod:`~trainopt.stability.recovery`: a learning-rate cut
   the schedule keeps; roll back and lower the learning rate.
+- :mod:`~trainopt.stability.config`: the settings, grouped (:class:`Detection`,
+  :class:`Rollback`).
 - :mod:`~trainopt.stability.checker` and :mod:`~trainopt.stability.stabilizer`: all of the above
   in one training step, with no host sync; :mod:`~trainopt.stability.distributed`: every
   decision agreed over the ranks.
@@ -26,6 +28,7 @@ from trainopt.stability.averaging import masked_update_parameters
 from trainopt.stability.buffers import BufferSnapshot, nonfinite_buffers
 from trainopt.stability.checker import StabilityChecker
 from trainopt.stability.checkpoint import CheckpointError, CheckpointManager
+from trainopt.stability.config import Detection, Rollback
 from trainopt.stability.clipping import (
     AdaptiveGradientClipper,
     ZScoreClipper,
@@ -56,9 +59,9 @@ from trainopt.stability.syncs import HostSyncCounter
 from trainopt.stability.unitwise import adaptive_clip_grad_
 
 __all__ = [
-    "AdaptiveGradientClipper", "BufferSnapshot", "CheckpointError", "CheckpointManager", "DynamicLossScaler",
+    "AdaptiveGradientClipper", "BufferSnapshot", "CheckpointError", "CheckpointManager", "Detection", "DynamicLossScaler",
     "GradientMonitor", "HostSyncCounter", "LossSpikeDetector", "LossStabilityMonitor",
-    "ResumableDataLoader", "ResumableSampler", "ScheduleWindow", "StabilityChecker", "TrainingInstabilityError",
+    "ResumableDataLoader", "ResumableSampler", "Rollback", "ScheduleWindow", "StabilityChecker", "TrainingInstabilityError",
     "TrainingRecovery", "TrainingStabilizer", "UnsupportedOptimizerError", "UnsupportedScheduleError", "UnsupportedSchedulerError",
     "ZScoreClipper", "adaptive_clip_grad_", "any_rank", "broadcast_from_rank0", "check_no_step_hooks",
     "check_scalable", "check_skippable", "clip_gradients", "clip_grads_with_norm_", "fused_step",

@@ -225,21 +225,26 @@ class StabilityChecker:
             self.grad_reference = min(largest, last) if math.isfinite(last) else largest
             self.last_window_max_grad = largest
 
+    # what trainopt 0.4 did not save: the gradient norms' divergence reference starts empty
+    _added = {"grad_reference": math.nan, "last_window_max_grad": math.nan, "grad_growth": None,
+              "recent_grads": None, "first_grads": None}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what :meth:`state_dict` returned (or a trainopt 0.4 checker's state)."""
         missing = [k for k in ("loss_monitor", "gradient_monitor", "reference", "last_window_max", "steps",
-                               "checked_at", "grad_reference", "last_window_max_grad",
-                               "grad_growth",
-                               *self._tensors) if k not in state]
+                               "checked_at", *self._tensors) if k not in state and k not in self._added]
         if missing:
             raise KeyError(f"StabilityChecker state_dict is missing {missing}")
         self.gradient_monitor.load_state_dict(state["gradient_monitor"])
         self.loss_monitor.load_state_dict(state["loss_monitor"])
         self.reference, self.last_window_max = float(state["reference"]), float(state["last_window_max"])
         self.steps, self.checked_at = state["steps"], state["checked_at"]
-        self.grad_reference = float(state["grad_reference"])
-        self.last_window_max_grad = float(state["last_window_max_grad"])
-        self.grad_growth = float(state["grad_growth"])
+        self.grad_reference = float(state.get("grad_reference", math.nan))
+        self.last_window_max_grad = float(state.get("last_window_max_grad", math.nan))
+        self.grad_growth = float(state.get("grad_growth", self.grad_growth))
         device = self.flagged.device
         for key in self._tensors:
-            setattr(self, key, state[key].detach().clone().to(device))
+            if key in state:
+                setattr(self, key, state[key].detach().clone().to(device))
+            else:
+                getattr(self, key).fill_(math.nan)

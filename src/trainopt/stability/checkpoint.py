@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from trainopt.stability.config import deprecated_name
 from trainopt.stability.checkpoint_files import (
     FORMAT,
     CheckpointError,
@@ -64,7 +65,8 @@ class CheckpointManager:
 
     Args:
         save_dir: Directory of the checkpoints (created if missing).
-        save_frequency: :meth:`should_save` is true every this many steps.
+        save_every: :meth:`should_save` is true every this many steps (``save_frequency=``,
+            its former name, is deprecated).
         keep_last: Step checkpoints kept (the ones holding the oldest steps are deleted after
             each save); ``None`` keeps all. ``best_checkpoint.pt`` is kept besides them; it is a
             hard link to the step file where the filesystem allows (no second write), a copy elsewhere.
@@ -74,7 +76,7 @@ class CheckpointManager:
         >>> from trainopt.stability import CheckpointManager
         >>> import tempfile
         >>> model = torch.nn.Linear(2, 1); opt = torch.optim.AdamW(model.parameters())
-        >>> manager = CheckpointManager(tempfile.mkdtemp(), save_frequency=10, keep_last=2)
+        >>> manager = CheckpointManager(tempfile.mkdtemp(), save_every=10, keep_last=2)
         >>> for step in (10, 20, 30):
         ...     path = manager.save_checkpoint(model, opt, step, loss=1.0 / step)
         >>> [p.name for p in manager.checkpoints()], manager.best_path.exists()
@@ -83,14 +85,17 @@ class CheckpointManager:
         (30, 0.03333333333333333)
     """
 
-    def __init__(self, save_dir: str | os.PathLike[str], save_frequency: int = 1000, keep_last: int | None = 3):
-        if not isinstance(save_frequency, int) or save_frequency < 1:
-            raise ValueError(f"save_frequency must be a positive int, got {save_frequency=}")
+    def __init__(self, save_dir: str | os.PathLike[str], save_every: int = 1000,
+                 keep_last: int | None = 3, *, save_frequency: int | None = None):
+        save_every = deprecated_name("CheckpointManager", "save_frequency", save_frequency, save_every,
+                                     1000)
+        if not isinstance(save_every, int) or isinstance(save_every, bool) or save_every < 1:
+            raise ValueError(f"save_every must be a positive int, got {save_every=}")
         if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
             raise ValueError(f"keep_last must be a positive int or None, got {keep_last=}")
         self.save_dir = Path(save_dir)
         self.save_dir.mkdir(parents=True, exist_ok=True)
-        self.save_frequency = save_frequency
+        self.save_every = save_every
         self.keep_last = keep_last
         self.best_path = self.save_dir / "best_checkpoint.pt"
         self._held: dict[str, tuple[tuple[int, int, int], int | None]] = {}  # name -> (stat, step held)
@@ -119,8 +124,15 @@ class CheckpointManager:
             return math.inf
 
     def should_save(self, step: int) -> bool:
-        """Whether ``step`` is a multiple of ``save_frequency`` (step 0 excluded)."""
-        return step > 0 and step % self.save_frequency == 0
+        """Whether ``step`` is a multiple of ``save_every`` (step 0 excluded)."""
+        return step > 0 and step % self.save_every == 0
+
+    @property
+    def save_frequency(self) -> int:
+        """Deprecated: say :attr:`save_every`."""
+        warnings.warn("CheckpointManager.save_frequency is deprecated: say save_every",
+                      DeprecationWarning, stacklevel=2)
+        return self.save_every
 
     def path_for(self, step: int) -> Path:
         """``<save_dir>/checkpoint_step_<step>.pt``."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -48,7 +49,7 @@ from trainopt.stability.schedule_window import ScheduleWindow
 from trainopt.stability.settings import is_metric_scheduler, step_with_metric
 from trainopt.stability.skip import fused_step, masked_step
 
-__all__ = ["GuardedUpdate"]
+__all__ = ["CoreView", "GuardedUpdate"]
 
 logger = logging.getLogger("trainopt.stability")
 
@@ -108,7 +109,7 @@ class GuardedUpdate:
         self.averaged = averaged or []
         self.data, self.process_group, self.scaler = data, process_group, scaler
         self.trajectory = trajectory or (lambda mode: {})
-        self.save_every = getattr(getattr(recovery, "checkpoint_manager", None), "save_frequency", None)
+        self.save_every = getattr(getattr(recovery, "checkpoint_manager", None), "save_every", None)
         # buffers: a skipped step puts them back (BatchNorm's running statistics); NaN ones roll back
         self.buffers = BufferSnapshot(model) if model is not None else None
         if model is not None:
@@ -125,7 +126,7 @@ class GuardedUpdate:
         self.last_save: int | None = None
         self.skipped = torch.zeros((), dtype=torch.long, device=self.device)  # in the open window
         self.codes = torch.zeros(check_every, dtype=torch.uint8, device=self.device)  # why each was skipped
-        self.total_skipped = 0  # skipped steps on the current trajectory (rewound on rollback)
+        self.skipped_steps = 0  # skipped steps on the current trajectory (rewound on rollback)
         self.skip_events = 0  # every step ever skipped, rolled back or not
         self.last_report: dict[str, Any] | None = None
         self.reports: list[dict[str, Any]] = []
@@ -207,7 +208,7 @@ class GuardedUpdate:
         skipped, *codes = torch.cat([self.skipped.view(1), self.codes[:since].long()]).tolist()  # one read
         self.skipped.zero_()
         self.codes.zero_()
-        self.total_skipped += skipped
+        self.skipped_steps += skipped
         self.skip_events += skipped
         self.window.close(since - skipped)
         self.window_start = self.steps
@@ -218,7 +219,7 @@ class GuardedUpdate:
             for scheduler in metric_stepped:
                 step_with_metric(scheduler, report["loss"]["median"])
             self.window.reopen()
-        reason = self.recovery.check(report) if self.recovery is not None else None
+        reason = self.recovery.rollback_reason(report) if self.recovery is not None else None
         if reason is not None:
             restored = self.roll_back(reason)
             report["recovered"] = reason
@@ -314,7 +315,7 @@ class GuardedUpdate:
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, checker windows and clipper statistics (loads with ``weights_only=True``)."""
-        state = {"steps": self.steps, "total_skipped": self.total_skipped, "skip_events": self.skip_events,
+        state = {"steps": self.steps, "skipped_steps": self.skipped_steps, "skip_events": self.skip_events,
                  "skipped": self.skipped.detach().clone(), "checker": self.checker.state_dict(),
                  "last_save": -1 if self.last_save is None else self.last_save,
                  "window_start": self.window_start, "codes": self.codes.detach().clone(),
@@ -325,7 +326,9 @@ class GuardedUpdate:
 
     def load_state_dict(self, state: dict[str, Any], trajectory_only: bool = False) -> None:
         """Restore what :meth:`state_dict` returned (a rollback keeps counting every skip ever made)."""
-        required = ("steps", "total_skipped", "skipped", "checker", "last_save", "skip_events")
+        if "total_skipped" in state and "skipped_steps" not in state:  # written by trainopt 0.4
+            state = {**state, "skipped_steps": state["total_skipped"]}
+        required = ("steps", "skipped_steps", "skipped", "checker", "last_save", "skip_events")
         missing = [k for k in required if k not in state]
         if ("clipper" in state) != (self.clipper is not None and hasattr(self.clipper, "state_dict")):
             missing.append("clipper (in the state or in this stabilizer, not both)")
@@ -335,7 +338,7 @@ class GuardedUpdate:
         if "clipper" in state:
             self.clipper.load_state_dict(state["clipper"])
         self.steps = int(state["steps"])
-        self.total_skipped = int(state["total_skipped"])
+        self.skipped_steps = int(state["skipped_steps"])
         self.last_save = None if int(state["last_save"]) < 0 else int(state["last_save"])
         self.skipped = state["skipped"].detach().clone().to(self.device)
         self.window_start = int(state.get("window_start", self.steps - self.steps % self.check_every))
@@ -352,3 +355,72 @@ class GuardedUpdate:
         if "applied" in state:
             self.window.applied_steps.copy_(state["applied"].to(self.window.applied_steps.device))
             self.window.position = int(state.get("position", 0))
+
+
+def _view(name: str, doc: str) -> property:
+    return property(lambda self: getattr(self.core, name), doc=doc)
+
+
+class CoreView:
+    """What both front doors show of their :class:`GuardedUpdate` (``self.core``), under one name each.
+
+    Counters: :attr:`steps` (guarded steps on the current trajectory), :attr:`skipped_steps`
+    (skipped ones up to the last boundary), :attr:`skipped` (skipped in the open window, on the
+    device), :attr:`skip_events` (every skip ever made, rolled back or not) and
+    :attr:`applied_steps`.
+    """
+
+    core: GuardedUpdate
+
+    @property
+    def applied_steps(self) -> int:
+        """Optimizer steps applied on the current trajectory (reads the device)."""
+        return self.core.steps - self.core.skipped_steps - int(self.core.skipped.item())
+
+    def end_window(self) -> dict[str, Any]:
+        """End the window now: read the statistics, step the schedules, then roll back or checkpoint.
+
+        Called every ``check_every`` steps (every rank calls it); called between boundaries, the
+        schedule moves on by the steps applied since the last one, as plain torch's would.
+        Returns the boundary's report.
+        """
+        return self.core.boundary()
+
+    def check(self) -> dict[str, Any]:
+        """Deprecated: say :meth:`end_window`."""
+        warnings.warn(f"{type(self).__name__}.check() is deprecated: say end_window()",
+                      DeprecationWarning, stacklevel=2)
+        return self.end_window()
+
+    @property
+    def total_skipped(self) -> int:
+        """Deprecated: say :attr:`skipped_steps`."""
+        warnings.warn(f"{type(self).__name__}.total_skipped is deprecated: say skipped_steps",
+                      DeprecationWarning, stacklevel=2)
+        return self.core.skipped_steps
+
+
+for _name, _doc in (
+    ("steps", "Guarded steps on the current trajectory, applied or skipped."),
+    ("skipped", "Steps skipped in the open window (a 0-d device tensor)."),
+    ("skipped_steps", "Skipped steps on the current trajectory up to the last boundary."),
+    ("skip_events", "Every step ever skipped, rolled back or not."),
+    ("last_report", "The report of the last boundary, or ``None``."),
+    ("reports", "Every boundary's report."),
+    ("checker", "The :class:`~trainopt.stability.checker.StabilityChecker`."),
+    ("recovery", "The :class:`~trainopt.stability.recovery.TrainingRecovery`, or ``None``."),
+    ("window", "The :class:`~trainopt.stability.schedule_window.ScheduleWindow`."),
+    ("last_save", "The step of the last checkpoint written, or ``None``."),
+    ("save_every", "Steps between checkpoints, or ``None``."),
+    ("check_every", "Steps between boundaries."),
+    ("averaged", "The averaged models updated after each applied step."),
+    ("data", "The position in the data saved with each checkpoint, or ``None``."),
+    ("process_group", "The ranks that agree on every decision."),
+    ("max_grad_norm", "The clipping threshold, or ``None``."),
+    ("clipper", "The clipper used instead of ``max_grad_norm``, or ``None``."),
+    ("skip_unstable", "Whether spikes and explosions are skipped too."),
+    ("params", "Every parameter of the optimizers."),
+    ("buffers", "The :class:`~trainopt.stability.buffers.BufferSnapshot` a skipped step restores."),
+    ("device", "The parameters' device."),
+):
+    setattr(CoreView, _name, _view(_name, _doc))

@@ -234,11 +234,12 @@ class ResumableDataLoader(torch.utils.data.DataLoader):
         self.seed, self.epoch, self.consumed = int(seed), 0, 0
         self._start = 0  # where the epoch's iterators start: 0, or the position loaded
         self._current: object | None = None  # the newest iterator's token
+        self._opened_at = 0  # where the newest iterator started
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         """The current epoch from the loader's start, counting each batch as the loop takes it."""
         token = self._current = object()
-        self.consumed = self._start
+        self.consumed = self._opened_at = self._start
         return self._batches(token, self.epoch, self._start)
 
     def _batches(self, token: object, epoch: int, start: int) -> Iterator[Any]:
@@ -255,6 +256,27 @@ class ResumableDataLoader(torch.utils.data.DataLoader):
     def state_dict(self) -> dict[str, Any]:
         """The epoch, the batches of it the loop took, and the settings they depend on."""
         return {**self.batch_sampler.state_dict(), "epoch": self.epoch, "position": self.consumed}
+
+    def state_before_last_batch(self) -> dict[str, Any] | None:
+        """:meth:`state_dict` as it was before the newest iterator handed out its last batch.
+
+        ``None`` when no iterator is open or the newest has handed out nothing. What a checkpoint
+        written before the first step holds: the loop has drawn the first step's batch, and the
+        resumed run must draw it again, wherever a peek left an older iterator.
+
+        Example:
+            >>> import torch
+            >>> from torch.utils.data import TensorDataset
+            >>> from trainopt.stability import ResumableDataLoader
+            >>> loader = ResumableDataLoader(TensorDataset(torch.arange(8.0)), batch_size=2)
+            >>> peek = next(iter(loader))           # an iterator the loop does not use
+            >>> batch = next(iter(loader))          # the loop's first batch
+            >>> loader.state_dict()["position"], loader.state_before_last_batch()["position"]
+            (1, 0)
+        """
+        if self._current is None or self.consumed <= self._opened_at:
+            return None
+        return {**self.state_dict(), "position": self.consumed - 1}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`'s position (the settings must match)."""

@@ -84,9 +84,9 @@ def _train(
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, fused=True)
     scheduler = cosine_annealing_schedule(optimizer, total_steps=steps, warmup_steps=steps // 10,
                                           min_lr=lr / 10)
-    manager = CheckpointManager(save_dir, save_frequency=check_every, keep_last=3)
+    manager = CheckpointManager(save_dir, save_every=check_every, keep_last=3)
     recovery = TrainingRecovery(model, optimizer, manager, scheduler=scheduler, lr_factor=0.5,
-                                max_recovery_attempts=3)
+                                max_rollbacks=3)
     stabilizer = TrainingStabilizer(model, optimizer, scheduler, max_grad_norm=1.0,
                                     check_every=check_every, recovery=recovery)
     by_call = {call: name for name, call in faults.items()}

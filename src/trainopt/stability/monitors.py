@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from trainopt.stability.config import deprecated_name
 from trainopt.stability.statistics import (
     _as_finite_or_nan,
     _check_int,
@@ -18,7 +19,7 @@ from trainopt.stability.statistics import (
 
 
 class LossSpikeDetector:
-    """Flag a loss that lies more than ``threshold`` times the window's range above its median.
+    """Flag a loss that lies more than ``spike_factor`` times the window's range above its median.
 
     The score is :func:`~trainopt.stability.statistics.tail_score`: ``(loss - median) / (max -
     median)`` over the last ``window_size`` accepted losses, which live in a ring buffer on the
@@ -30,26 +31,28 @@ class LossSpikeDetector:
     their own flag, :attr:`last_nonfinite`.
 
     The defaults come from the healthy and faulty corpora of the stability page: at
-    ``threshold=4`` (and the gradient monitor's ``explosion_factor=6``) the healthy runs of
+    ``spike_factor=4`` (and the gradient monitor's ``explosion_factor=6``) the healthy runs of
     ``python -m trainopt.stability.corpus`` skip about one batch in ten thousand, and a batch with
     every label wrong scores above it once the model has learnt anything.
 
     Example:
         >>> import torch
         >>> from trainopt.stability import LossSpikeDetector
-        >>> detector = LossSpikeDetector(threshold=4.0, window_size=20, min_history=5)
+        >>> detector = LossSpikeDetector(spike_factor=4.0, window_size=20, min_history=5)
         >>> flags = [detector.update(torch.tensor(2.0 - 0.01 * i)) for i in range(10)]
         >>> bool(torch.stack(flags).any()), bool(detector.update(torch.tensor(9.0)))
         (False, True)
     """
 
-    def __init__(self, threshold: float = 4.0, window_size: int = 100, min_history: int = 20) -> None:
-        _check_positive("threshold", threshold)
+    def __init__(self, spike_factor: float = 4.0, window_size: int = 100, min_history: int = 20, *,
+                 threshold: float | None = None) -> None:
+        spike_factor = deprecated_name("LossSpikeDetector", "threshold", threshold, spike_factor, 4.0)
+        _check_positive("spike_factor", spike_factor)
         _check_int("window_size", window_size, 2)
         _check_int("min_history", min_history, 2)
         if min_history > window_size:
             raise ValueError(f"min_history must be <= window_size, got {min_history=}, {window_size=}")
-        self.threshold = float(threshold)
+        self.spike_factor = float(spike_factor)
         self.window_size = window_size
         self.min_history = min_history
         self.steps = 0  # host counter: how many losses were seen (no sync needed to know it)
@@ -77,7 +80,7 @@ class LossSpikeDetector:
         self.last_nonfinite = torch.isnan(value)
         if self.steps >= self.min_history:
             self.last_z = tail_score(value, self.window)
-            self.last_spike = self.last_z > self.threshold  # NaN compares False
+            self.last_spike = self.last_z > self.spike_factor  # NaN compares False
         else:
             self.last_z = torch.full_like(value, math.nan)
             self.last_spike = torch.zeros_like(self.last_nonfinite)
@@ -89,7 +92,7 @@ class LossSpikeDetector:
     def state_dict(self) -> dict[str, Any]:
         """Settings, the host counter and the device tensors (loads with ``weights_only=True``)."""
         return {
-            "threshold": self.threshold, "window_size": self.window_size,
+            "spike_factor": self.spike_factor, "window_size": self.window_size,
             "min_history": self.min_history, "steps": self.steps,
             **{k: getattr(self, k).detach().clone()
                for k in ("buffer", "last_z", "last_spike", "last_nonfinite", "num_spikes")},
@@ -98,6 +101,9 @@ class LossSpikeDetector:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output (tensors keep this detector's device)."""
         device = self.buffer.device
+        state = dict(state)
+        if "threshold" in state:  # written by trainopt 0.4
+            state["spike_factor"] = state.pop("threshold")
         for key, value in state.items():
             setattr(self, key, value.detach().clone().to(device) if torch.is_tensor(value) else value)
 
@@ -108,7 +114,7 @@ class LossStabilityMonitor:
     :meth:`update` runs every step and only launches device work. :meth:`check` reads every
     statistic at once (one sync) and starts a new check window; call it every ``check_every``
     steps (:attr:`due` says when). A loss is unstable when it is non-finite or when it lies more
-    than ``threshold`` times the window's range above the median of the last ``window_size``
+    than ``spike_factor`` times the window's range above the median of the last ``window_size``
     accepted losses (:class:`LossSpikeDetector`). The score works for zero and negative losses,
     where the coefficient of variation ``std / mean`` divides by zero or flips sign.
 
@@ -129,10 +135,12 @@ class LossStabilityMonitor:
     """
 
     def __init__(
-        self, window_size: int = 100, threshold: float = 4.0, check_every: int = 100, min_history: int = 20
+        self, window_size: int = 100, spike_factor: float = 4.0, check_every: int = 100,
+        min_history: int = 20, *, threshold: float | None = None,
     ) -> None:
+        spike_factor = deprecated_name("LossStabilityMonitor", "threshold", threshold, spike_factor, 4.0)
         _check_int("check_every", check_every, 1)
-        self.detector = LossSpikeDetector(threshold, window_size, min_history)
+        self.detector = LossSpikeDetector(spike_factor, window_size, min_history)
         self.check_every = check_every
         self._reset_window(torch.device("cpu"))
 

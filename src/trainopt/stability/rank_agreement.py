@@ -53,7 +53,7 @@ def _train(folder: str, calls: int, process_group: Any) -> dict[str, Any]:
     x, y, _, _ = digits_data()
     model = torch.nn.parallel.DistributedDataParallel(digits_mlp(hidden=32, seed=0))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=True)
-    manager = _CountingManager(folder, save_frequency=10)
+    manager = _CountingManager(folder, save_every=10)
     recovery = TrainingRecovery(model, optimizer, manager, lr_factor=0.5)
     kwargs = {} if process_group is None else {"process_group": process_group}
     stabilizer = TrainingStabilizer(model, optimizer, check_every=10, recovery=recovery, **kwargs)

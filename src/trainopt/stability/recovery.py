@@ -6,7 +6,7 @@ checkpoint through a :class:`~trainopt.stability.checkpoint.CheckpointManager`, 
 rate by ``lr_factor`` in a way the scheduler keeps
 (:func:`~trainopt.stability.rates.scale_learning_rate`), optionally
 skips the next batches, and gives up with :class:`TrainingInstabilityError` after
-``max_recovery_attempts``.
+``max_rollbacks``.
 
 It reads only host values (floats, or a report that a :class:`~trainopt.stability.stabilizer.StabilityChecker`
 produced with one sync), so it runs at the ``check_every`` boundaries, not inside the step.
@@ -16,18 +16,20 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from trainopt.stability.config import deprecated_name
 from trainopt.stability.rates import check_scalable, lr_scale, scale_learning_rate
 
 __all__ = ["TrainingInstabilityError", "TrainingRecovery", "scale_learning_rate"]
 
 
 class TrainingInstabilityError(RuntimeError):
-    """Raised when training stays unstable after ``max_recovery_attempts`` rollbacks.
+    """Raised when training stays unstable after ``max_rollbacks`` rollbacks.
 
     Example:
         >>> import torch
@@ -65,8 +67,9 @@ class TrainingRecovery:
         lr_factor: Learning-rate multiplier applied at each recovery (cumulative).
         skip_batches: Batches to skip after a rollback. PaLM restarted about 100 steps before a
             spike and skipped 200 to 500 batches (Chowdhery et al. 2022, arXiv:2204.02311).
-        max_recovery_attempts: Rollbacks allowed before :class:`TrainingInstabilityError`.
-        spike_threshold: Score above which a loss is a spike: how many times the window's range
+        max_rollbacks: Rollbacks allowed before :class:`TrainingInstabilityError`
+            (``max_recovery_attempts=``, its former name, is deprecated).
+        spike_factor: Score above which a loss is a spike: how many times the window's range
             (its largest value minus its median) the loss lies above the median.
         explosion_factor: The same score for a gradient norm.
         min_history: Values needed before the spike and explosion tests apply.
@@ -94,20 +97,27 @@ class TrainingRecovery:
         scaler: Any = None,
         lr_factor: float = 0.5,
         skip_batches: int = 0,
-        max_recovery_attempts: int = 3,
-        spike_threshold: float = 4.0,
+        max_rollbacks: int = 3,
+        spike_factor: float = 4.0,
         explosion_factor: float = 6.0,
         min_history: int = 20,
         patience: int = 10,
+        *,
+        max_recovery_attempts: int | None = None,
+        spike_threshold: float | None = None,
     ) -> None:
+        max_rollbacks = deprecated_name("TrainingRecovery", "max_recovery_attempts", max_recovery_attempts,
+                                        max_rollbacks, 3)
+        spike_factor = deprecated_name("TrainingRecovery", "spike_threshold", spike_threshold, spike_factor,
+                                       4.0)
         if not isinstance(lr_factor, (int, float)) or not 0 < lr_factor <= 1:
             raise ValueError(f"lr_factor must be in (0, 1], got {lr_factor=}")
         for name, value, low in (("skip_batches", skip_batches, 0),
-                                 ("max_recovery_attempts", max_recovery_attempts, 1),
+                                 ("max_rollbacks", max_rollbacks, 1),
                                  ("min_history", min_history, 2), ("patience", patience, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {name}={value!r}")
-        for name, value in (("spike_threshold", spike_threshold), ("explosion_factor", explosion_factor)):
+        for name, value in (("spike_factor", spike_factor), ("explosion_factor", explosion_factor)):
             if not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ValueError(f"{name} must be a positive finite number, got {name}={value!r}")
         self.model = model
@@ -117,8 +127,8 @@ class TrainingRecovery:
         self.scaler = scaler
         self.lr_factor = float(lr_factor)
         self.skip_batches = skip_batches
-        self.max_recovery_attempts = max_recovery_attempts
-        self.spike_threshold = float(spike_threshold)
+        self.max_rollbacks = max_rollbacks
+        self.spike_factor = float(spike_factor)
         self.explosion_factor = float(explosion_factor)
         self.min_history = min_history
         self.patience = patience
@@ -136,7 +146,7 @@ class TrainingRecovery:
         """Why the newest values look unstable, or ``None``.
 
         The newest loss is tested against the ones before it: non-finite, or more than
-        ``spike_threshold`` times their range above their median. The newest gradient norm is
+        ``spike_factor`` times their range above their median. The newest gradient norm is
         tested the same way against ``explosion_factor``. A falling loss or gradient norm is
         never unstable (a "max > 10 × min" rule over the window flags those).
         """
@@ -147,7 +157,7 @@ class TrainingRecovery:
             previous = [float(x) for x in losses[:-1]]
             if len(previous) >= self.min_history:
                 score = _tail_score(last, previous)
-                if score > self.spike_threshold:
+                if score > self.spike_factor:
                     return f"loss spike (score {score:.1f})"
         if grad_norms:
             last = float(grad_norms[-1])
@@ -160,8 +170,8 @@ class TrainingRecovery:
                     return f"gradient explosion (score {score:.1f}, norm {last:.3g})"
         return None
 
-    def check(self, report: Mapping[str, Any]) -> str | None:
-        """Whether a :class:`~trainopt.stability.stabilizer.StabilityChecker` report calls for a rollback.
+    def rollback_reason(self, report: Mapping[str, Any]) -> str | None:
+        """Why a :class:`~trainopt.stability.stabilizer.StabilityChecker` report calls for a rollback, or ``None``.
 
         Bad steps were already skipped on the device and never reached the weights, so a bad
         batch, or a few, needs no rollback. A rollback needs persistence. It is due when:
@@ -181,6 +191,26 @@ class TrainingRecovery:
             return f"{streak} consecutive unstable steps ({', '.join(report.get('reasons', []))})"
         return None
 
+    def check(self, report: Mapping[str, Any]) -> str | None:
+        """Deprecated: say :meth:`rollback_reason`."""
+        warnings.warn("TrainingRecovery.check(report) is deprecated: say rollback_reason(report)",
+                      DeprecationWarning, stacklevel=2)
+        return self.rollback_reason(report)
+
+    @property
+    def max_recovery_attempts(self) -> int:
+        """Deprecated: say :attr:`max_rollbacks`."""
+        warnings.warn("TrainingRecovery.max_recovery_attempts is deprecated: say max_rollbacks",
+                      DeprecationWarning, stacklevel=2)
+        return self.max_rollbacks
+
+    @property
+    def spike_threshold(self) -> float:
+        """Deprecated: say :attr:`spike_factor`."""
+        warnings.warn("TrainingRecovery.spike_threshold is deprecated: say spike_factor",
+                      DeprecationWarning, stacklevel=2)
+        return self.spike_factor
+
     # -- recovery ------------------------------------------------------------------------------
 
     def recover(self, reason: str = "instability", path: Any = None, extra: dict[str, Any] | None = None) -> int:
@@ -196,13 +226,13 @@ class TrainingRecovery:
             extra: More objects to restore from the checkpoint (passed to the manager).
 
         Raises:
-            TrainingInstabilityError: After ``max_recovery_attempts`` recoveries, or when no
+            TrainingInstabilityError: After ``max_rollbacks`` recoveries, or when no
                 valid checkpoint exists.
         """
-        if self.recovery_attempts >= self.max_recovery_attempts:
+        if self.recovery_attempts >= self.max_rollbacks:
             raise TrainingInstabilityError(
-                f"training is still unstable ({reason}) after max_recovery_attempts="
-                f"{self.max_recovery_attempts} rollbacks; lower the learning rate, tighten "
+                f"training is still unstable ({reason}) after max_rollbacks="
+                f"{self.max_rollbacks} rollbacks; lower the learning rate, tighten "
                 "clipping or inspect the data around the last spike"
             )
         if self.checkpoint_manager is None:

@@ -53,8 +53,8 @@ def _positive_int(name: str, value: Any) -> None:
 
 
 def check_settings(model: torch.nn.Module, optimizers: list[Any], schedulers: list[Any], *, dtype: Any, scaler: Any,
-                   check_every: Any, accumulate: Any, max_grad_norm: Any, checkpoint_dir: Any, save_every: Any,
-                   recovery: Any) -> None:
+                   check_every: Any, accumulate: Any, max_grad_norm: Any, checkpoint_dir: Any,
+                   rollback: Any, recovery: Any) -> None:
     """Refuse inconsistent settings with an error that names the argument and what is allowed.
 
     Example:
@@ -64,7 +64,7 @@ def check_settings(model: torch.nn.Module, optimizers: list[Any], schedulers: li
         >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
         >>> try:
         ...     check_settings(model, [opt], [None], dtype=None, scaler=None, check_every=0, accumulate=1,
-        ...                    max_grad_norm=1.0, checkpoint_dir=None, save_every=None, recovery=None)
+        ...                    max_grad_norm=1.0, checkpoint_dir=None, rollback=None, recovery=None)
         ... except ValueError as error:
         ...     print(error)
         check_every must be a positive int, got check_every=0
@@ -78,8 +78,6 @@ def check_settings(model: torch.nn.Module, optimizers: list[Any], schedulers: li
         raise ValueError(f"a loss scaler is only needed with dtype=torch.float16, got {dtype=}")
     _positive_int("check_every", check_every)
     _positive_int("accumulate", accumulate)
-    if save_every is not None:
-        _positive_int("save_every", save_every)
     if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
         raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm=}")
     if len(schedulers) != len(optimizers):
@@ -95,8 +93,8 @@ def check_settings(model: torch.nn.Module, optimizers: list[Any], schedulers: li
             raise ValueError(f"scheduler {type(sched).__name__} drives another optimizer than the one "
                              "it is paired with")
     if recovery is not None:
-        if checkpoint_dir is not None or save_every is not None:
-            raise ValueError("give either checkpoint_dir= (and save_every=) or a recovery= built by hand, "
+        if checkpoint_dir is not None or rollback is not None:
+            raise ValueError("give either checkpoint_dir= (and rollback=) or a recovery= built by hand, "
                              "not both")
         if len(optimizers) > 1:
             raise ValueError("a recovery= built by hand holds one optimizer: with several, give checkpoint_dir=")

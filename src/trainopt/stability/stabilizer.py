@@ -20,11 +20,13 @@
    when the run diverges or stays out of range for ``patience`` steps, and saves a checkpoint
    every ``save_every`` steps at boundaries whose window flagged nothing.
 
-Where the host syncs: nowhere between boundaries, on CPU and on CUDA, for the optimizers the
-stabilizer accepts (fused ones, SGD, and on CUDA the ``capturable=True`` variants of the others),
-with two exceptions it documents rather than refuses: a scheduler that cycles SGD's momentum
-(``OneCycleLR``, ``CyclicLR``) hands SGD a tensor momentum, which its ``momentum != 0`` test reads;
-and ``DynamicLossScaler`` only matters through its ``state``: the stabilizer steps the optimizer
+Where the host syncs: between boundaries, a stabilized step adds no host read to what the
+optimizer's own step makes, for every ``torch.optim`` optimizer in its default, ``foreach``,
+``fused`` and ``capturable`` forms, with any scheduler
+(:mod:`~trainopt.stability.schedule_window` says how the rates reach each form). Refused when
+built: a tensor ``lr`` in ``param_groups`` with a scheduler, and ``foreach=True`` ASGD and Rprop
+(torch's foreach kernels take no tensor rate, and their step is not linear in it).
+``DynamicLossScaler`` only matters through its ``state``: the stabilizer steps the optimizer
 itself, so the scaler's ``skip_mode`` never runs.
 
 Checkpoints and restarts: a boundary checkpoint holds the model, the optimizers, the schedulers,
@@ -46,12 +48,9 @@ from typing import Any
 import torch
 
 from trainopt.stability.checker import StabilityChecker
-from trainopt.stability.checkpoint import CheckpointManager
-from trainopt.stability.core import GuardedUpdate
+from trainopt.stability.config import Detection, Rollback, grouped_settings
+from trainopt.stability.core import CoreView, GuardedUpdate
 from trainopt.stability.distributed import all_gather
-from trainopt.stability.gradients import GradientMonitor
-from trainopt.stability.monitors import LossStabilityMonitor
-from trainopt.stability.recovery import TrainingRecovery
 from trainopt.stability.scaling import DynamicLossScaler
 from trainopt.stability.settings import DTYPES, check_settings
 from trainopt.stability.stabilizer_state import Gathered, RankEntries
@@ -62,7 +61,7 @@ def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-class TrainingStabilizer:
+class TrainingStabilizer(CoreView):
     """One call per training step: autocast, scaling, monitoring, clipping, a guarded update, recovery.
 
     Args:
@@ -78,14 +77,8 @@ class TrainingStabilizer:
         checkpoint_dir: Where boundary checkpoints go. With it, the stabilizer saves one before
             the first step and then every ``save_every`` steps while the run is stable, rolls back
             when it is not, and :meth:`resume` continues a killed run. Without it, bad steps are
-            still skipped, but nothing is saved or rolled back.
-        save_every: Steps between checkpoints (default: ``check_every``); a checkpoint is written
-            at the first stable boundary at least this many steps after the last one.
-        keep_last: Step checkpoints kept on disk.
-        lr_factor: Learning-rate multiplier of each rollback (cumulative; the schedule keeps it).
-        max_rollbacks: Rollbacks before :class:`~trainopt.stability.recovery.TrainingInstabilityError`.
-        patience: Consecutive flagged steps that call for a rollback.
-        skip_batches: Batches to skip after a rollback.
+            still skipped, but nothing is saved or rolled back. The directory survives the run:
+            building the stabilizer again with it and calling :meth:`resume` continues the run.
         dtype: Autocast dtype: ``torch.bfloat16``, ``torch.float16`` (adds a loss scaler) or
             ``None`` for full precision. The strings ``"bf16"``, ``"fp16"``, ``"fp32"`` work too.
         scaler: A loss scaler with the ``torch.amp.GradScaler`` interface; for ``float16`` only.
@@ -95,13 +88,13 @@ class TrainingStabilizer:
         check_every: Steps between host reads (the boundaries).
         accumulate: Micro-batches per optimizer step: each :meth:`step` call runs one forward and
             backward pass on ``loss / accumulate``; every ``accumulate``-th call updates.
-        skip_unstable: Also skip steps whose loss or gradient norm leaves the window's range
-            (non-finite ones are always skipped).
-        spike_factor: How far above the window's range a loss must lie to be flagged, in units of
-            the range (:func:`~trainopt.stability.statistics.tail_score`).
-        explosion_factor: The same for the gradient norm.
-        window_size: Accepted steps the range is measured over.
-        min_history: Steps before the range tests apply.
+        detection: What counts as a bad step (:class:`~trainopt.stability.config.Detection`:
+            ``spike_factor``, ``explosion_factor``, ``window_size``, ``min_history``,
+            ``skip_unstable``); default ``Detection()``.
+        rollback: When checkpoints are saved and what a rollback does
+            (:class:`~trainopt.stability.config.Rollback`: ``save_every``, ``keep_last``,
+            ``lr_factor``, ``max_rollbacks``, ``patience``, ``skip_batches``); with
+            ``checkpoint_dir``; default ``Rollback()``.
         averaged: A ``torch.optim.swa_utils.AveragedModel`` (or a list) to update after each
             applied step, left unchanged by skipped ones.
         data: The position in the data (``state_dict()``/``load_state_dict()``, e.g. a
@@ -111,6 +104,8 @@ class TrainingStabilizer:
         recovery: A :class:`~trainopt.stability.recovery.TrainingRecovery` built by hand, instead
             of ``checkpoint_dir`` (it must hold this model, optimizer and scheduler).
         checker: A :class:`~trainopt.stability.checker.StabilityChecker` built by hand.
+        **deprecated: The grouped knobs as flat keywords (0.4's spelling): each warns with
+            :class:`DeprecationWarning` and goes into its group.
 
     Example:
         >>> import tempfile
@@ -129,65 +124,54 @@ class TrainingStabilizer:
         True
     """
 
-    def __init__(  # noqa: PLR0913 - the recipe's settings, each with a default
+    def __init__(  # noqa: PLR0913 - the loop's settings, each with a default
         self,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
         scheduler: Any = None,
         *,
         checkpoint_dir: str | Path | None = None,
-        save_every: int | None = None,
-        keep_last: int | None = 3,
-        lr_factor: float = 0.5,
-        max_rollbacks: int = 3,
-        patience: int = 10,
-        skip_batches: int = 0,
-        dtype: torch.dtype | str | None = None,
-        scaler: Any = None,
+        check_every: int = 100,
         max_grad_norm: float | None = 1.0,
         clipper: Any = None,
-        check_every: int = 100,
+        dtype: torch.dtype | str | None = None,
+        scaler: Any = None,
         accumulate: int = 1,
-        skip_unstable: bool = True,
-        spike_factor: float = 4.0,
-        explosion_factor: float = 6.0,
-        window_size: int = 100,
-        min_history: int = 20,
+        detection: Detection | None = None,
+        rollback: Rollback | None = None,
         averaged: Any = None,
         data: Any = None,
         process_group: Any = None,
         recovery: Any = None,
         checker: StabilityChecker | None = None,
+        **deprecated: Any,
     ) -> None:
+        self.detection, self.rollback = grouped_settings("TrainingStabilizer", detection, rollback,
+                                                         deprecated)
         self.optimizers = _as_list(optimizer)
         self.schedulers = _as_list(scheduler) if scheduler is not None else [None] * len(self.optimizers)
-        check_settings(model, self.optimizers, self.schedulers, dtype=dtype, scaler=scaler, check_every=check_every,
-                       accumulate=accumulate, max_grad_norm=max_grad_norm, checkpoint_dir=checkpoint_dir,
-                       save_every=save_every, recovery=recovery)
+        check_settings(model, self.optimizers, self.schedulers, dtype=dtype, scaler=scaler,
+                       check_every=check_every, accumulate=accumulate, max_grad_norm=max_grad_norm,
+                       checkpoint_dir=checkpoint_dir, rollback=rollback, recovery=recovery)
         dtype = DTYPES[dtype] if isinstance(dtype, str) or dtype is None else dtype
         self.model = model
         self.optimizer, self.scheduler = self.optimizers[0], self.schedulers[0]
         self.dtype = None if dtype is torch.float32 else dtype
         self.scaler = scaler if scaler is not None else (DynamicLossScaler() if dtype is torch.float16 else None)
-        self.check_every, self.accumulate = check_every, accumulate
+        self.accumulate = accumulate
         if recovery is None and checkpoint_dir is not None:
-            manager = CheckpointManager(checkpoint_dir, save_frequency=save_every or check_every, keep_last=keep_last)
-            recovery = TrainingRecovery(model, self.optimizer, manager, scheduler=self.scheduler, scaler=self.scaler,
-                                        lr_factor=lr_factor, skip_batches=skip_batches,
-                                        max_recovery_attempts=max_rollbacks, patience=patience)
+            recovery = self.rollback.recovery(model, self.optimizer, checkpoint_dir, check_every=check_every,
+                                              scheduler=self.scheduler, scaler=self.scaler)
         elif recovery is not None and recovery.scaler is None:
             recovery.scaler = self.scaler
         if checker is None:
             monitored = self.optimizer if len(self.optimizers) == 1 else model
-            checker = StabilityChecker(
-                monitored, LossStabilityMonitor(window_size, spike_factor, check_every, min_history),
-                GradientMonitor(monitored, window_size, explosion_factor, min_history, check_every),
-                check_every=check_every, process_group=process_group)
+            checker = self.detection.checker(monitored, check_every, process_group)
         self.core = GuardedUpdate(
             model, self.optimizers, self.schedulers, checker=checker, recovery=recovery,
             check_every=check_every, max_grad_norm=max_grad_norm, clipper=clipper,
-            skip_unstable=skip_unstable, averaged=[] if averaged is None else _as_list(averaged), data=data,
-            process_group=process_group, scaler=self.scaler, trajectory=self._trajectory)
+            skip_unstable=self.detection.skip_unstable, averaged=[] if averaged is None else _as_list(averaged),
+            data=data, process_group=process_group, scaler=self.scaler, trajectory=self._trajectory)
         self.micro = 0
         # the step-0 checkpoint's generators and data position: before the loop draws a batch
         self._initial_entry: dict[str, Any] | None = RankEntries.initial(self)
@@ -226,14 +210,6 @@ class TrainingStabilizer:
             self.core.update(self._loss_sum / self.accumulate if self.accumulate > 1 else loss)
         return loss
 
-    def check(self) -> dict[str, Any]:
-        """End the window now: read the statistics, step the schedules, then roll back or checkpoint.
-
-        The stabilizer calls it every ``check_every`` steps; called between boundaries, the
-        schedule moves on by the steps applied since the last one, as plain torch's would.
-        """
-        return self.core.boundary()
-
     def _trajectory(self, mode: str) -> dict[str, Any]:
         """The per-rank part of a checkpoint (see :class:`~trainopt.stability.stabilizer_state.RankEntries`)."""
         if mode == "save":
@@ -249,11 +225,6 @@ class TrainingStabilizer:
         exactly where the checkpoint was taken. Every rank loads the file rank 0 picked.
         """
         return self.core.resume()
-
-    @property
-    def applied_steps(self) -> int:
-        """Optimizer steps applied so far (reads the device)."""
-        return self.steps - self.total_skipped - int(self.skipped.item())
 
     @property
     def last_lr(self) -> list[Any]:
@@ -279,31 +250,3 @@ class TrainingStabilizer:
         self.core.load_state_dict(state, trajectory_only=True)
         self.micro = 0
 
-
-def _delegate(name: str, doc: str) -> property:
-    return property(lambda self: getattr(self.core, name), doc=doc)
-
-
-for _name, _doc in (
-    ("steps", "Guarded steps on the current trajectory, applied or skipped."),
-    ("skipped", "Steps skipped in the open window (a 0-d device tensor)."),
-    ("total_skipped", "Skipped steps on the current trajectory up to the last boundary."),
-    ("skip_events", "Every step ever skipped, rolled back or not."),
-    ("last_report", "The report of the last boundary, or ``None``."),
-    ("reports", "Every boundary's report."),
-    ("checker", "The :class:`~trainopt.stability.checker.StabilityChecker`."),
-    ("recovery", "The :class:`~trainopt.stability.recovery.TrainingRecovery`, or ``None``."),
-    ("window", "The :class:`~trainopt.stability.schedule_window.ScheduleWindow`."),
-    ("last_save", "The step of the last checkpoint written, or ``None``."),
-    ("save_every", "Steps between checkpoints, or ``None``."),
-    ("averaged", "The averaged models updated after each applied step."),
-    ("data", "The position in the data saved with each checkpoint, or ``None``."),
-    ("process_group", "The ranks that agree on every decision."),
-    ("max_grad_norm", "The clipping threshold, or ``None``."),
-    ("clipper", "The clipper used instead of ``max_grad_norm``, or ``None``."),
-    ("skip_unstable", "Whether spikes and explosions are skipped too."),
-    ("params", "Every parameter of the optimizers."),
-    ("buffers", "The :class:`~trainopt.stability.buffers.BufferSnapshot` a skipped step restores."),
-    ("device", "The parameters' device."),
-):
-    setattr(TrainingStabilizer, _name, _delegate(_name, _doc))

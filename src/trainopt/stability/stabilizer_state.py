@@ -21,9 +21,12 @@ class RankEntries:
     loop has drawn the step's batch (and whatever random numbers its loader drew): its data
     position and generators are those *after* the batch. So the entry of a stabilizer that has
     not stepped yet holds the generators and data position of :meth:`initial` instead, the
-    snapshot taken when the stabilizer was built (``stabilizer._initial_entry``): a run resumed
-    from that checkpoint draws the first batch and the first random numbers again, as the run it
-    replaces did. The snapshot is dropped once a checkpoint is loaded (the run is elsewhere then).
+    snapshot taken when the stabilizer was built (``stabilizer._initial_entry``), and the data
+    position before the step's batch
+    (:meth:`~trainopt.stability.data.ResumableDataLoader.state_before_last_batch`, so that a peek
+    with another iterator, before or after the stabilizer was built, counts for nothing): a run
+    resumed from that checkpoint draws the first batch and the first random numbers again, as
+    the run it replaces did. The snapshot is dropped once a checkpoint is loaded (the run is elsewhere then).
 
     Example:
         >>> import torch
@@ -45,6 +48,9 @@ class RankEntries:
         initial = getattr(self.stabilizer, "_initial_entry", None)
         if initial is None or self.stabilizer.steps != 0:
             initial = self.initial(self.stabilizer)
+        else:  # before the first step, which has drawn its batch: the position before that batch
+            before = getattr(self.stabilizer.data, "state_before_last_batch", lambda: None)()
+            initial = initial if before is None else {**initial, "data": before}
         return {"stabilizer": self.stabilizer.state_dict(), **initial}
 
     @staticmethod

@@ -33,12 +33,8 @@ from typing import Any
 
 import torch
 
-from trainopt.stability.checker import StabilityChecker
-from trainopt.stability.checkpoint import CheckpointManager
-from trainopt.stability.core import GuardedUpdate
-from trainopt.stability.gradients import GradientMonitor
-from trainopt.stability.monitors import LossStabilityMonitor
-from trainopt.stability.recovery import TrainingRecovery
+from trainopt.stability.config import Detection, Rollback, grouped_settings
+from trainopt.stability.core import CoreView, GuardedUpdate
 from trainopt.stability.settings import check_settings, is_metric_scheduler
 
 __all__ = ["GuardedOptimizer", "WindowScheduler"]
@@ -120,7 +116,7 @@ class _Handles:
             handle.remove()
 
 
-class GuardedOptimizer(torch.optim.Optimizer):
+class GuardedOptimizer(CoreView, torch.optim.Optimizer):
     """An optimizer whose ``step()`` is the stabilizer's guarded update (see the module notes).
 
     Args:
@@ -131,13 +127,11 @@ class GuardedOptimizer(torch.optim.Optimizer):
         model: The model; needed with ``checkpoint_dir`` (a rollback restores it).
         check_every: Steps between boundaries (host reads).
         max_grad_norm: Clip by the monitor's norm, or ``None`` (when the framework clips).
-        skip_unstable: Also skip loss spikes and gradient explosions (non-finite ones always).
-        spike_factor, explosion_factor, window_size, min_history: The monitors' settings, as in
-            :class:`~trainopt.stability.stabilizer.TrainingStabilizer`.
         checkpoint_dir: Where the guard saves the stable states it rolls back to; ``None``: no
             rollback (bad steps are still skipped).
-        save_every, keep_last, lr_factor, max_rollbacks, patience: The rollback's settings, as in
-            :class:`~trainopt.stability.stabilizer.TrainingStabilizer`.
+        detection: What counts as a bad step (:class:`~trainopt.stability.config.Detection`).
+        rollback: When states are saved and what a rollback does
+            (:class:`~trainopt.stability.config.Rollback`; with ``checkpoint_dir``).
         process_group: The ranks that agree (``None``: the default group when initialised).
 
     Example:
@@ -154,47 +148,38 @@ class GuardedOptimizer(torch.optim.Optimizer):
         True
     """
 
-    def __init__(  # noqa: PLR0913 - the stabilizer's settings, each with a default
-        self, optimizer: torch.optim.Optimizer, scheduler: Any = None, *, model: torch.nn.Module | None = None,
-        check_every: int = 100, max_grad_norm: float | None = None, skip_unstable: bool = True,
-        spike_factor: float = 4.0, explosion_factor: float = 6.0, window_size: int = 100, min_history: int = 20,
-        checkpoint_dir: str | Path | None = None, save_every: int | None = None, keep_last: int | None = 3,
-        lr_factor: float = 0.5, max_rollbacks: int = 3, patience: int = 10, process_group: Any = None,
+    def __init__(  # noqa: PLR0913 - the loop's settings, each with a default
+        self, optimizer: torch.optim.Optimizer, scheduler: Any = None, *,
+        model: torch.nn.Module | None = None, checkpoint_dir: str | Path | None = None,
+        check_every: int = 100, max_grad_norm: float | None = None,
+        detection: Detection | None = None, rollback: Rollback | None = None,
+        process_group: Any = None, **deprecated: Any,
     ) -> None:
+        self.detection, self.rollback = grouped_settings("GuardedOptimizer", detection, rollback,
+                                                         deprecated)
         check_settings(model, [optimizer], [scheduler], dtype=None, scaler=None,
                        check_every=check_every, accumulate=1, max_grad_norm=max_grad_norm,
-                       checkpoint_dir=checkpoint_dir, save_every=save_every, recovery=None)
+                       checkpoint_dir=checkpoint_dir, rollback=None, recovery=None)
         if checkpoint_dir is not None and model is None:
             raise ValueError("checkpoint_dir= needs model= (a rollback restores the model)")
         self.optimizer, self.model = optimizer, model
-        self.param_groups, self.state, self.defaults = optimizer.param_groups, optimizer.state, optimizer.defaults
+        self.param_groups, self.state = optimizer.param_groups, optimizer.state
+        self.defaults = optimizer.defaults
         recovery = None
         if checkpoint_dir is not None:
-            manager = CheckpointManager(checkpoint_dir, save_frequency=save_every or check_every, keep_last=keep_last)
-            recovery = TrainingRecovery(model, optimizer, manager, scheduler=scheduler, lr_factor=lr_factor,
-                                        max_recovery_attempts=max_rollbacks, patience=patience)
-        checker = StabilityChecker(
-            optimizer, LossStabilityMonitor(window_size, spike_factor, check_every, min_history),
-            GradientMonitor(optimizer, window_size, explosion_factor, min_history, check_every),
-            check_every=check_every, process_group=process_group)
+            recovery = self.rollback.recovery(model, optimizer, checkpoint_dir, check_every=check_every,
+                                              scheduler=scheduler)
+        checker = self.detection.checker(optimizer, check_every, process_group)
         self.core = GuardedUpdate(
             model, [optimizer], [scheduler], checker=checker, recovery=recovery, check_every=check_every,
-            max_grad_norm=max_grad_norm, skip_unstable=skip_unstable, process_group=process_group,
+            max_grad_norm=max_grad_norm, skip_unstable=self.detection.skip_unstable,
+            process_group=process_group,
             trajectory=lambda mode: {"guard": _Trajectory(self, trajectory_only=mode == "rollback")})
         self.scheduler = WindowScheduler(self, None if is_metric_scheduler(scheduler) else scheduler)
         self.metric_scheduler = scheduler if is_metric_scheduler(scheduler) else None
         self._loss_sum: torch.Tensor | None = None
         self._loss_count = 0
         self._reopen: dict[str, Any] | None = None  # the update's state to reopen the window with
-
-    check_every = property(lambda self: self.core.check_every, doc="Steps between boundaries.")
-    max_grad_norm = property(lambda self: self.core.max_grad_norm, doc="The clipping threshold, or ``None``.")
-    checker = property(lambda self: self.core.checker, doc="The monitors.")
-    recovery = property(lambda self: self.core.recovery, doc="The rollback rules, or ``None``.")
-    window = property(lambda self: self.core.window, doc="The schedule window.")
-    steps = property(lambda self: self.core.steps, doc="Guarded steps on the current trajectory.")
-    last_report = property(lambda self: self.core.last_report, doc="The last boundary's report, or ``None``.")
-    reports = property(lambda self: self.core.reports, doc="Every boundary's report.")
 
     def observe(self, loss: torch.Tensor) -> None:
         """Record a micro-batch's loss (device only); the next :meth:`step` monitors their mean."""
@@ -243,15 +228,6 @@ class GuardedOptimizer(torch.optim.Optimizer):
         self._prepare()
         self.core.update(loss)
         return loss
-
-    def check(self) -> dict[str, Any]:
-        """End the window now (the guard calls it every ``check_every`` steps). Every rank calls it."""
-        return self.core.boundary()
-
-    @property
-    def skipped_steps(self) -> int:
-        """Steps skipped on the current trajectory up to the last boundary."""
-        return self.core.total_skipped
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The wrapped optimizer's ``zero_grad``."""
