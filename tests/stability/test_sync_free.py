@@ -165,3 +165,54 @@ def test_the_stabilizer_adds_no_host_sync_to_any_optimizer_it_accepts(config, sc
     assert stabilized == plain
     if config.cls in (torch.optim.SGD, torch.optim.Muon) or config.implementation.get("fused"):
         assert plain == 0
+
+
+# On a GPU, torch keeps these optimizers' step counters on the CPU and offers no capturable form
+# to keep them on the device (Adagrad's fused kernel is CPU-only); Adafactor's own step reads its
+# norms with .item(). The stabilizer refuses them there, saying so.
+REFUSED_ON_CUDA = ("Adagrad", "Adafactor")
+BARE = list({c.variant: c for c in HELD}.values())  # each class and setting once, as the user builds it
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("config", BARE, ids=[c.variant for c in BARE])
+def test_a_bare_constructor_on_cuda_is_stabilized_without_a_device_sync(config) -> None:
+    """What ``torch.optim.AdamW(params)`` resolves to on CUDA (``foreach``, CPU step counters):
+    stabilized with a cosine schedule and a NaN batch, no step syncs, and the weights equal
+    plain torch's run without the NaN batch."""
+    from trainopt.stability.optimizers import UnsupportedOptimizerError
+
+    def build():
+        model = config.model().cuda()
+        lr = {"lr": 0.01} if "lr" in config.cls.__init__.__code__.co_varnames else {}
+        opt = config.cls(model.parameters(), **lr, **config.settings)
+        return model, opt, cosine_annealing_schedule(opt, total_steps=40, warmup_steps=4)
+
+    x, y = torch.randn(16, 6, device="cuda"), torch.randint(0, 3, (16,), device="cuda")
+    model, opt, sched = build()
+    try:
+        stabilizer = TrainingStabilizer(model, opt, sched, check_every=1000)
+    except UnsupportedOptimizerError as error:
+        assert config.cls.__name__ in REFUSED_ON_CUDA, error
+        return
+    loss = lambda m, factor=1.0: torch.nn.functional.cross_entropy(m(x), y) * factor  # noqa: E731
+    stabilizer.step(lambda: loss(model))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i in range(8):
+            stabilizer.step(lambda: loss(model, math.nan if i == 3 else 1.0))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    ref, ref_opt, ref_sched = build()
+    for i in range(9):
+        if i == 4:
+            continue
+        ref_opt.zero_grad(set_to_none=True)
+        loss(ref).backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+        ref_opt.step()
+        ref_sched.step()
+    stabilizer.end_window()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

@@ -9,9 +9,14 @@ on the host (a sync every step):
 - ``SparseAdam`` needs sparse gradients, while the stabilizer measures and clips dense ones;
 - ``SGD`` with momentum and ``dampening != 0`` starts its momentum buffer at the first gradient,
   undamped: after a skipped first step no buffer value reproduces that, short of reading the flag;
-- a non-fused optimizer with state on another device than its parameters (the CPU step counters
-  of Adam-style optimizers on a GPU when ``capturable=False``): masking them copies the flag to
-  the host;
+- a non-fused optimizer with state on another device than its parameters, where torch offers no
+  ``capturable`` form to keep it there (``Adagrad`` without ``fused=True`` on a GPU keeps its
+  step counters on the CPU): masking them copies the flag to the host. Where torch offers one
+  (``Adam``, ``AdamW``, ``NAdam``, ``RAdam``, ``Adamax``, ``ASGD``, ``Rprop``, ``Adadelta``,
+  ``RMSprop``), :func:`keep_state_on_device` turns ``capturable=True`` on first: a bare
+  ``torch.optim.AdamW(params)`` on CUDA (``foreach`` with CPU step counters, whose every step
+  reads each counter on the host) is then stepped with its counters on the GPU, which torch's
+  capturable path updates without a host read;
 - on a GPU, an optimizer whose own step synchronises (``Adafactor`` reads norms with
   ``.item()``; ``ASGD`` and ``Rprop`` without ``capturable=True``): found by running one step of
   a twin optimizer on a two-element parameter under ``torch.cuda.set_sync_debug_mode("error")``.
@@ -33,7 +38,8 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["UnsupportedOptimizerError", "check_no_step_hooks", "check_skippable", "skips_in_kernel"]
+__all__ = ["UnsupportedOptimizerError", "check_no_step_hooks", "check_skippable", "keep_state_on_device",
+           "skips_in_kernel"]
 
 
 class UnsupportedOptimizerError(ValueError):
@@ -62,6 +68,38 @@ def skips_in_kernel(optimizer: torch.optim.Optimizer) -> bool:
         (True, False)
     """
     return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+def keep_state_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Turn ``capturable=True`` on where torch offers it and the parameters are not on the CPU.
+
+    Without it the step counters of ``Adam``-style optimizers live on the CPU while the
+    parameters are on a GPU (what a bare constructor gives): a skipped step could only be undone
+    by reading the skip flag on the host. With it torch keeps them on the parameters' device and
+    computes the bias corrections there. Counters already made move to the device. Returns
+    whether a group changed (never on a CPU, never for a ``fused=True`` group).
+
+    Example:
+        >>> import torch
+        >>> from trainopt.stability.optimizers import keep_state_on_device
+        >>> opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
+        >>> keep_state_on_device(opt), opt.param_groups[0]["capturable"]  # a CPU: nothing to do
+        (False, False)
+    """
+    changed = False
+    for group in optimizer.param_groups:
+        if "capturable" not in group or group["capturable"] or group.get("fused"):
+            continue
+        if all(p.device.type == "cpu" for p in group["params"]):
+            continue
+        group["capturable"] = changed = True
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            if torch.is_tensor(state.get("step")) and state["step"].device != p.device:
+                state["step"] = state["step"].to(p.device)
+    if changed and "capturable" in optimizer.defaults:
+        optimizer.defaults["capturable"] = True
+    return changed
 
 
 def _refuse(optimizer: torch.optim.Optimizer, why: str, instead: str) -> UnsupportedOptimizerError:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from trainopt.stability.optimizers import check_no_step_hooks, check_skippable
+from trainopt.stability.optimizers import check_no_step_hooks, check_skippable, keep_state_on_device
 
 __all__ = ["DTYPES", "check_settings", "is_metric_scheduler", "step_with_metric"]
 
@@ -84,6 +84,7 @@ def check_settings(model: torch.nn.Module, optimizers: list[Any], schedulers: li
         raise ValueError(f"scheduler must give one scheduler (or None) per optimizer: "
                          f"{len(schedulers)} schedulers for {len(optimizers)} optimizers")
     for opt, sched in zip(optimizers, schedulers):
+        keep_state_on_device(opt)  # a bare AdamW on CUDA: its step counters on the GPU
         check_skippable(opt)
         check_no_step_hooks(opt)
         if sched is not None and not (is_metric_scheduler(sched) or callable(getattr(sched, "step", None))):
