@@ -46,3 +46,71 @@ def built_site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         built = json.loads(outcome.read_text())
     assert built["returncode"] == 0, f"sphinx-build -W failed:\n{built['stdout']}\n{built['stderr']}"
     return out
+
+
+def landing_page_extras() -> list[str]:
+    """The extras the landing page's install section names (``pip install ".[hpo]"`` and so on)."""
+    import re
+
+    section = (DOCS / "index.md").read_text().split("## Use trainopt in your project", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    names = set()
+    for match in re.finditer(r"pip install \"?\.\[([\w,\-]+)\]", section):
+        names.update(match.group(1).split(","))
+    return sorted(names)
+
+
+@pytest.fixture(scope="session")
+def wheel_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The interpreter of a fresh virtual environment holding trainopt's wheel and nothing of ours.
+
+    Built once per run (shared by the xdist workers under a lock): the wheel from a copy of the
+    package's files, a ``venv`` with no path to the test environment, the test environment's
+    torch version (a CPU build from the local wheel store on the project's machines), then the
+    wheel with exactly the extras the landing page's install section names, and ``ipykernel``
+    (the notebook tests' kernel). Without it (no package index in reach) the tests that need it
+    skip, and fail under CI.
+    """
+    import os
+    import shutil
+
+    import torch
+
+    shared = shared_tmp_path(request, tmp_path_factory)
+    venv, outcome = shared / "wheel-venv", shared / "wheel-venv.json"
+    with FileLock(str(shared / "wheel-venv.lock")):
+        if not outcome.exists():
+            log: list[str] = []
+
+            def run(*args: str) -> bool:
+                result = subprocess.run(list(args), capture_output=True, text=True, timeout=1200)
+                log.append(f"$ {' '.join(args)}\n{result.stdout[-2000:]}{result.stderr[-4000:]}")
+                return result.returncode == 0
+
+            source, dist = shared / "wheel-source", shared / "wheel-dist"
+            shutil.copytree(ROOT / "src", source / "src",
+                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+            for name in ("pyproject.toml", "README.md"):
+                shutil.copy(ROOT / name, source / name)
+            python = venv / "bin" / "python"
+            extras = ",".join(landing_page_extras())
+            ok = (run(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist),
+                      str(source))
+                  and run(sys.executable, "-m", "venv", str(venv))
+                  and run(str(python), "-m", "pip", "install", "-q",
+                          f"torch=={torch.__version__.split('+')[0]}"))
+            wheels = sorted(dist.glob("trainopt-*.whl"))
+            ok = ok and bool(wheels) and run(str(python), "-m", "pip", "install", "-q",
+                                              f"{wheels[0]}[{extras}]" if extras else str(wheels[0]),
+                                              "ipykernel")
+            ok = ok and run(str(python), "-m", "ipykernel", "install", "--prefix", str(venv),
+                            "--name", "trainopt-wheel")
+            outcome.write_text(json.dumps({"ok": ok, "log": "\n".join(log), "extras": extras,
+                                           "wheel": str(wheels[0]) if wheels else None}))
+        built = json.loads(outcome.read_text())
+    if not built["ok"]:
+        message = f"no virtual environment with trainopt's wheel could be made:\n{built['log'][-6000:]}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return venv / "bin" / "python"

@@ -18,3 +18,14 @@ def test_synthetic_batch_inputs_and_targets_share_no_storage(batch_size):
     before = y.clone()
     x.zero_()  # writing to the inputs leaves the targets alone
     assert torch.equal(y, before)
+
+
+def test_the_shipped_digits_are_scikit_learns() -> None:
+    """``digits.npz`` holds the samples, in order, that ``sklearn.datasets.load_digits`` gives."""
+    sklearn = pytest.importorskip("sklearn.datasets")
+    from trainopt.models import digits_pixels
+
+    reference = sklearn.load_digits()
+    pixels, labels = digits_pixels()
+    assert torch.equal(pixels.double(), torch.as_tensor(reference.data))
+    assert torch.equal(labels.long(), torch.as_tensor(reference.target))

@@ -18,11 +18,14 @@ current code, or prints something else (numbers aside); so every build shows it,
 from a clean clone included.
 
 Each guide, performance, concepts and troubleshooting page gets a "Download as a notebook"
-button under its title; the notebook (:mod:`notebooks`) is written next to the page's HTML.
+button under its title; the notebook (:mod:`notebooks`) is written next to the page's HTML. Under
+it, the install command its examples need: the front matter's ``extras`` (checked against the
+page's imports by ``tests/docs/test_install_notes.py``).
 """
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -116,8 +119,6 @@ def _output_nodes(printed: str) -> list[nodes.Node]:
     lines = printed.splitlines()
     table = any(re.fullmatch(r"[-=]{3,}[-= ]*", line.strip()) for line in lines)
     if table and max(map(len, lines)) > WIDE:
-        import html
-
         return [nodes.raw("", '<details class="trainopt-output-wide"><summary>Output: a table '
                           f"{max(map(len, lines))} characters wide</summary>"
                           '<div class="highlight-text notranslate trainopt-output"><div class="highlight"><pre>'
@@ -138,6 +139,23 @@ def add_notebook_button(app: Sphinx, doctree: nodes.document) -> None:
             f'download="{name}">Download as a notebook</a> <span class="trainopt-notebook-note">'
             "every code block of this page, in order; it runs top to bottom in a fresh kernel</span></p>")
     section.insert(1, nodes.raw("", html, format="html"))
+    section.insert(2, nodes.raw("", install_note(app.env.metadata.get(docname, {}).get("extras")),
+                                format="html"))
+
+
+def install_note(extras: object) -> str:
+    """What the page's examples need installed: the library, with the extras its front matter names.
+
+    >>> install_note(["hpo"])  # doctest: +ELLIPSIS
+    '<p class="trainopt-install">Runs with: <code>python -m pip install ".[hpo]"</code> ...'
+    """
+    if isinstance(extras, str):  # MyST hands list fields over as written
+        extras = [e.strip().strip("'\"") for e in extras.strip("[]").split(",") if e.strip()]
+    target = f'".[{",".join(extras)}]"' if extras else "."
+    what = "the library with these extras" if extras else "the library alone, no extra"
+    return (f'<p class="trainopt-install">Runs with: <code>python -m pip install {html.escape(target)}</code> '
+            f"in the folder of your clone ({what}; see <em>Use trainopt in your project</em> on the "
+            "landing page).</p>")
 
 
 def write_notebooks(app: Sphinx, exception: Exception | None) -> None:

@@ -22,10 +22,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 __all__ = [
     "GPT", "GPT_PRESETS", "MLP", "Block", "CausalSelfAttention", "GPTConfig", "digits_data", "digits_loaders",
+    "digits_pixels",
     "digits_mlp", "evaluate", "gpt_config", "synthetic_batch",
 ]
 
-# --- Digits: a real classification task that ships with scikit-learn -------------------------
+# --- Digits: a real classification task, shipped in trainopt.data ---------------------------
 
 
 def digits_data(
@@ -50,11 +51,8 @@ def digits_data(
     """
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction=}")
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = torch.as_tensor(data.data, dtype=torch.float64)
-    y = torch.as_tensor(data.target, dtype=torch.long)
+    raw, target = digits_pixels()
+    x, y = raw.to(torch.float64), target.long()
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
     x, y = x[perm], y[perm]
     n_val = int(round(len(x) * val_fraction))
@@ -64,6 +62,29 @@ def digits_data(
     # std of 1e-6 turned a validation sample's 1 into 1e6 and dominated the validation loss.
     std = torch.where(std > 1e-6, std, torch.ones_like(std))
     return ((x_train - mean) / std).to(dtype), y_train, ((x_val - mean) / std).to(dtype), y_val
+
+
+def digits_pixels() -> tuple[torch.Tensor, torch.Tensor]:
+    """The 1,797 hand-written digits as shipped (``trainopt.data``'s ``digits.npz``), unshuffled.
+
+    The same samples and order as scikit-learn's ``load_digits()``, with nothing to install.
+
+    Returns:
+        ``(pixels, labels)``: ``uint8`` tensors of shape ``(1797, 64)`` (values 0 to 16) and
+        ``(1797,)``.
+
+    Example:
+        >>> from trainopt.models import digits_pixels
+        >>> pixels, labels = digits_pixels()
+        >>> pixels.shape, int(pixels.max()), labels[:5].tolist()
+        (torch.Size([1797, 64]), 16, [0, 1, 2, 3, 4])
+    """
+    import numpy as np
+
+    from trainopt.data import path
+
+    with np.load(path("digits.npz"), allow_pickle=False) as data:
+        return torch.from_numpy(data["images"].copy()), torch.from_numpy(data["target"].copy())
 
 
 def digits_loaders(

@@ -1,8 +1,10 @@
 """Every page offered as a notebook runs top to bottom in a fresh kernel in an empty directory.
 
 The notebooks are the ones the site offers for download (``docs/_ext/notebooks.py``), executed by
-nbclient with the test's interpreter as the kernel; cells that need CUDA print why they were
-skipped on a machine without it. The count of notebooks run, and each one's time, is kept in
+nbclient in a kernel whose interpreter is a fresh virtual environment holding trainopt's wheel with
+exactly the extras the landing page names (the ``wheel_python`` fixture): no path to the test
+environment, so a page that needs a module the wheel or those extras lack fails here. Cells that
+need CUDA print why they were skipped on a machine without it. The count of notebooks run, and each one's time, is kept in
 ``test-artifacts/notebooks.json``.
 
 What each block printed is the page's "Output" under the block (``docs/_ext/trainopt_reading.py``),
@@ -58,19 +60,24 @@ def test_the_notebooks_markdown_carries_no_myst_markup() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", NOTEBOOK_PAGES(DOCS))
-def test_the_notebook_runs_in_a_fresh_kernel_in_an_empty_directory(page: str, tmp_path: Path,
+def test_the_notebook_runs_in_a_fresh_kernel_in_an_empty_directory(page: str, tmp_path: Path, wheel_python: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     notebook = nbformat.from_dict(notebook_for(DOCS / f"{page}.md"))
     nbformat.validate(notebook)
     assert any(cell.cell_type == "code" for cell in notebook.cells), page
-    # the kernel is this interpreter, started in an empty folder, with trainopt from src/
-    monkeypatch.setenv("PYTHONPATH", str(ROOT / "src"))
+    # the kernel: the wheel's environment, started in an empty folder, nothing of the repository
+    notebook.cells.append(nbformat.v4.new_code_cell("import trainopt\nprint('trainopt from', trainopt.__file__)"))
+    monkeypatch.setenv("JUPYTER_PATH", str(wheel_python.parents[1] / "share" / "jupyter"))
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.setenv("PYTHONNOUSERSITE", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.delenv("TRAINOPT_REQUIRE_CUDA", raising=False)
-    client = nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+    client = nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="trainopt-wheel",
                                      resources={"metadata": {"path": str(tmp_path)}})
     started = time.perf_counter()
     client.execute()
+    where = "".join(o.get("text", "") for o in notebook.cells.pop().outputs).strip()
+    assert where.startswith("trainopt from ") and str(wheel_python.parents[1]) in where, where
     seconds = round(time.perf_counter() - started, 1)
     skipped = sum("skipped: " in "".join(o.get("text", "") for o in cell.get("outputs", []))
                   for cell in notebook.cells if cell.cell_type == "code")

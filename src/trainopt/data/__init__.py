@@ -5,7 +5,11 @@ A copied example finds them wherever it runs, through :func:`path`:
 - ``scheduler_cosine.yaml``, ``scheduler_custom.yaml``: training configs of the learning-rate page;
 - ``hpo_digits.yaml``: the tuning config of the hyperparameter page;
 - ``hpo_trainer.yaml``: the config that tunes a Hugging Face ``Trainer`` run (the trainer page);
-- ``runs/<fault>.jsonl``: the recorded runs of the troubleshooting page.
+- ``runs/<fault>.jsonl``: the recorded runs of the troubleshooting page;
+- ``digits.npz``: the 1,797 8×8 hand-written digits (UCI ML hand-written digits, Alpaydin and
+  Kaynak 1998, CC BY 4.0; the copy scikit-learn bundles as ``load_digits``), as ``images``
+  (uint8, 0 to 16, one row of 64 pixels per sample) and ``target`` (uint8): the pages' data set,
+  with nothing to install.
 """
 
 from __future__ import annotations

@@ -131,9 +131,9 @@ def _digits(batch_size: int, seed: int, classes: int = 10, start: torch.nn.Modul
         m.train()
         return accuracy
 
-    from sklearn.datasets import load_digits
+    from trainopt.models import digits_pixels
 
-    raw = torch.as_tensor(load_digits().data, dtype=torch.float32)
+    raw = digits_pixels()[0].float()
     return Task(model, batch, _cross_entropy, evaluate, per_epoch, (raw.mean(0), raw.std(0)))
 
 
