@@ -44,9 +44,12 @@ def test_resuming_from_the_frameworks_checkpoint_continues_bitwise(tmp_path) -> 
 
 
 def _boosted_fit(tmp_path, boost_batch: int | None, guard_options: dict, **trainer_options) -> dict:
-    """A real ``lightning.Trainer`` on a linear task whose gradients are always above the clip (1.0);
-    batch ``boost_batch``'s gradients x1e4 at an unchanged loss value (``loss + 9999 * (loss - loss.detach())``),
-    so only the gradient monitor, reading the unclipped norm, can see it."""
+    """A real ``lightning.Trainer`` on a linear task whose gradient norms stay above the clip (1).
+
+    Batch ``boost_batch``'s gradients are x1e4 at an unchanged loss value
+    (``loss + 9999 * (loss - loss.detach())``): only the gradient monitor, reading the unclipped
+    norm, can see it.
+    """
     import lightning as L
 
     from trainopt.stability.integrations import GuardedOptimizer
@@ -76,7 +79,8 @@ def _boosted_fit(tmp_path, boost_batch: int | None, guard_options: dict, **train
             return held["guard"]
 
     trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(tmp_path),
+                        enable_model_summary=False, enable_checkpointing=False,
+                        default_root_dir=str(tmp_path),
                         callbacks=[stabilizer_callback()], **trainer_options)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4)
     trainer.fit(Net(), data)
@@ -84,7 +88,7 @@ def _boosted_fit(tmp_path, boost_batch: int | None, guard_options: dict, **train
 
 
 def test_a_1e4_gradient_is_skipped_with_gradient_clip_val(tmp_path) -> None:
-    """``gradient_clip_val=1.0`` clips inside the closure: the guard takes it over and sees the unclipped norm."""
+    """``gradient_clip_val=1.0`` clips inside the closure: the guard takes it over."""
     run = _boosted_fit(tmp_path, 25, {"check_every": 5}, gradient_clip_val=1.0)
     guard, weights = run["guard"], run["weights"]
     assert guard.skipped_steps == 1 and guard.steps == 30
@@ -96,7 +100,8 @@ def test_the_guard_clips_at_gradient_clip_val(tmp_path) -> None:
     """The weights equal those of Lightning clipping an unguarded optimizer at the same norm."""
     import lightning as L
 
-    guarded = _boosted_fit(tmp_path / "g", None, {"check_every": 5}, gradient_clip_val=0.5)["weights"][-1]
+    run = _boosted_fit(tmp_path / "g", None, {"check_every": 5}, gradient_clip_val=0.5)
+    guarded = run["weights"][-1]
     torch.manual_seed(0)
     net = torch.nn.Linear(8, 1)
 
@@ -114,9 +119,11 @@ def test_the_guard_clips_at_gradient_clip_val(tmp_path) -> None:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(4 * 30, 8, generator=g)
     y = 10 * x @ torch.randn(8, 1, generator=g) + 5
-    L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-              enable_checkpointing=False, default_root_dir=str(tmp_path / "p"), gradient_clip_val=0.5).fit(
-        Plain(), torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4))
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False,
+                        default_root_dir=str(tmp_path / "p"), gradient_clip_val=0.5)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4)
+    trainer.fit(Plain(), data)
     plain = torch.cat([p.detach().flatten() for p in net.parameters()])
     assert float((guarded - plain).abs().max()) <= 1e-6
 
@@ -125,6 +132,7 @@ def test_the_guard_clips_at_gradient_clip_val(tmp_path) -> None:
     ({"max_grad_norm": 1.0}, {"gradient_clip_val": 1.0}, "clip once"),
     ({}, {"gradient_clip_val": 1.0, "gradient_clip_algorithm": "value"}, "gradient_clip_algorithm"),
 ])
-def test_clipping_the_guard_cannot_take_over_is_refused(tmp_path, guard_options, trainer_options, match) -> None:
+def test_clipping_the_guard_cannot_take_over_is_refused(tmp_path, guard_options, trainer_options,
+                                                        match) -> None:
     with pytest.raises(ValueError, match=match):
         _boosted_fit(tmp_path, None, {"check_every": 5, **guard_options}, **trainer_options)

@@ -82,8 +82,8 @@ def _callback_class() -> type:
             clip = args.max_grad_norm or 0
             if clip > 0 and _clips_itself(guarded):
                 raise ValueError(
-                    f"clip once: TrainingArguments(max_grad_norm={args.max_grad_norm}) clips and so "
-                    f"does the guard (max_grad_norm={guarded.max_grad_norm}); set "
+                    f"clip once: TrainingArguments(max_grad_norm={args.max_grad_norm}) clips "
+                    f"and so does the guard (max_grad_norm={guarded.max_grad_norm}); set "
                     "max_grad_norm=0 in TrainingArguments, or leave the guard's at None (the guard "
                     "then clips at the Trainer's max_grad_norm)")
             if clip > 0:  # the guard must see the unclipped norm: it clips, the Trainer does not
@@ -94,7 +94,7 @@ def _callback_class() -> type:
                 self._feed(_calling_trainer(self), model)
 
         def _feed(self, trainer: Any, model: Any) -> None:
-            """Wrap ``trainer.training_step`` to observe its loss; without a Trainer, watch the model."""
+            """Observe what ``trainer.training_step`` returns; without a Trainer, the model's."""
             guarded = self.guarded
             if trainer is None:
                 self.handle = guarded.watch(model)
@@ -104,7 +104,7 @@ def _callback_class() -> type:
             def training_step(*args: Any, **kwargs: Any) -> torch.Tensor:
                 guarded.core.take_buffers()  # a skipped step puts BatchNorm's statistics back
                 loss = original(*args, **kwargs)
-                # the Trainer logs the sum of its micro-batches' losses: their mean times their number
+                # the Trainer logs the sum of its micro-batches' losses: mean times count
                 guarded.observe(loss * trainer.current_gradient_accumulation_steps)
                 return loss
 

@@ -49,19 +49,21 @@ def _callback_class() -> type:
                                  "GuardedOptimizer(optimizer, scheduler) and its .scheduler")
             clip = trainer.gradient_clip_val
             for guard in guards:
-                if clip and (guard.max_grad_norm is not None or getattr(guard.core, "clipper", None)):
+                clips = guard.max_grad_norm is not None or getattr(guard.core, "clipper", None)
+                if clip and clips:
                     raise ValueError(
                         f"clip once: Trainer(gradient_clip_val={clip}) clips and so does the guard "
-                        f"(max_grad_norm={guard.max_grad_norm}); set one of them to None (the guard "
-                        "then clips at gradient_clip_val)")
+                        f"(max_grad_norm={guard.max_grad_norm}); set one of them to None (the "
+                        "guard then clips at gradient_clip_val)")
             self.seen = [None] * len(guards)
             self.clip_taken = None
             if clip:
                 if str(getattr(trainer.gradient_clip_algorithm, "value", "norm")) == "value":
                     raise ValueError(
-                        "gradient_clip_algorithm: 'value' clips inside the closure, before the guard "
-                        "measures the gradients; allowed with a GuardedOptimizer: 'norm' or None")
-                for guard in guards:  # the guard must see the unclipped norm: it clips, not the closure
+                        "gradient_clip_algorithm: 'value' clips inside the closure, before the "
+                        "guard measures the gradients; allowed with a GuardedOptimizer: 'norm' or "
+                        "None")
+                for guard in guards:  # it must see the unclipped norm: it clips, not Lightning
                     guard.core.max_grad_norm = float(clip)
                 self.clip_taken = (guards, clip)
                 trainer.gradient_clip_val = None
