@@ -1,4 +1,9 @@
-"""trainopt inside the Hugging Face Trainer: equal runs, a NaN batch as if removed, no added sync, bitwise resume (2 ranks: test_ranks.py)."""
+"""trainopt inside the Hugging Face Trainer (2 ranks: test_ranks.py).
+
+Equal runs, a NaN batch as if removed, no added sync, bitwise resume; on a real Trainer with a
+tiny torch model: a x1e4 gradient skipped under the default clipping, which the guard takes over,
+the loss the Trainer optimises monitored, a plateau scheduler's cut.
+"""
 
 from __future__ import annotations
 
@@ -194,3 +199,17 @@ def test_a_reduce_on_plateau_scheduler_cuts_the_rate_on_a_plateau(tmp_path) -> N
         replay.step(median)
     assert len(medians) == 6 and reference.param_groups[0]["lr"] < lr  # a cut happened
     assert float(guarded.optimizer.param_groups[0]["lr"]) == reference.param_groups[0]["lr"]
+
+
+def test_without_the_trainer_at_hand_the_models_loss_is_monitored(tmp_path, monkeypatch) -> None:
+    """The fallback (no ``Trainer`` found up the stack): each training forward's ``outputs.loss``."""
+    from trainopt.stability.integrations import hf
+
+    monkeypatch.setattr(hf, "_calling_trainer", lambda callback: None)
+    trainer, guarded, weights = _trainer(tmp_path, _Net(1, boost_call=25), _data(4 * 30),
+                                         {"check_every": 5})
+    seen = _spy(guarded)
+    trainer.train()
+    logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert torch.allclose(torch.stack(seen), torch.tensor(logged), rtol=1e-6, atol=0)
+    assert guarded.skipped_steps == 1 and torch.equal(weights[25], weights[24])

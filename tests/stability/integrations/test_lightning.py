@@ -1,4 +1,8 @@
-"""trainopt inside Lightning (automatic optimization): equal runs, a NaN batch as if removed, no added sync, bitwise resume (2 ranks: test_ranks.py)."""
+"""trainopt inside Lightning, automatic optimization (2 ranks: test_ranks.py).
+
+Equal runs, a NaN batch as if removed, no added sync, bitwise resume; a x1e4 gradient skipped
+under ``gradient_clip_val``, which the guard takes over, and the clipping it cannot take refused.
+"""
 
 from __future__ import annotations
 

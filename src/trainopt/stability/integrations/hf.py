@@ -47,12 +47,15 @@ def _calling_trainer(callback: Any) -> Any:
     from transformers import Trainer
 
     frame = inspect.currentframe()
-    while frame is not None:
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, Trainer) and callback in candidate.callback_handler.callbacks:
-            return candidate
-        frame = frame.f_back
-    return None
+    try:
+        while frame is not None:
+            candidate = frame.f_locals.get("self")
+            if isinstance(candidate, Trainer) and callback in candidate.callback_handler.callbacks:
+                return candidate
+            frame = frame.f_back
+        return None
+    finally:
+        del frame  # no reference cycle through the frames
 
 
 def _clips_itself(guarded: GuardedOptimizer) -> bool:
