@@ -7,7 +7,9 @@ the scheduler steps with it. :func:`prepare` guards the optimizer, then prepares
 step on the device, and a skipped step consumes no schedule position. Give the guard the loss with
 ``optimizer.step(lambda: loss)`` (or ``guarded.observe(loss)`` per micro-batch).
 
-What stays Accelerate's: ``accelerator.clip_grad_norm_``, fp16 loss scaling with its skip on inf,
+Clip with the guard (``max_grad_norm=``), not with ``accelerator.clip_grad_norm_`` before the
+step: the guard would then measure the clipped norm, and a gradient 10**4 times too large would
+look like any other clipped one. What stays Accelerate's: fp16 loss scaling with its skip on inf,
 ``save_state``/``load_state`` (the guard's state rides in the optimizer's state),
 ``skip_first_batches``, and the DDP gradient all-reduce. Nothing here imports ``accelerate``.
 """

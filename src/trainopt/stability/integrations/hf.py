@@ -4,20 +4,35 @@ The ``Trainer`` owns the loop: forward, backward, ``max_grad_norm`` clipping, th
 ``optimizer.step()`` and ``lr_scheduler.step()``. :func:`stabilize` hands it, through
 ``Trainer(optimizers=...)``, a :class:`~trainopt.stability.integrations.guard.GuardedOptimizer`
 whose step is skipped on the device when the loss or the gradients are bad, and a scheduler whose
-step the guard takes over (a skipped step consumes no schedule position). The callback feeds the
-guard each training forward pass's ``outputs.loss`` (a forward hook: no host sync), refuses to
-clip twice, and adds ``skipped_steps`` and ``rollbacks`` to the ``Trainer``'s logs.
+step the guard takes over (a skipped step consumes no schedule position).
 
-What stays the ``Trainer``'s: clipping (``max_grad_norm``; or set it to 0 and give the guard
-``max_grad_norm=`` to clip by the norm the monitor measured), fp16 loss scaling and its skip on
-inf, checkpoints (``save_steps``, ``resume_from_checkpoint``: the guard's state rides in
-``optimizer.pt``), the random generators and the data position. ``transformers`` is imported when
+The callback, at the start of ``train()``:
+
+- feeds the guard the loss the ``Trainer`` optimises: what its ``training_step`` returns (the
+  loss of ``compute_loss``: the model's ``outputs.loss``, the label-smoothed loss of
+  ``label_smoothing_factor``, or that of ``compute_loss_func``), times the step's micro-batches,
+  so the guard monitors the ``loss`` the ``Trainer`` logs for that step (no host sync). Where the
+  callback cannot find the ``Trainer`` that calls it, it falls back to each training forward
+  pass's ``outputs.loss`` (a forward hook);
+- takes the clipping over: the ``Trainer`` clips (``max_grad_norm``, 1.0 by default) before it
+  calls ``optimizer.step()``, so a guard behind it would measure the clipped norm and never see
+  an exploding gradient. With ``max_grad_norm > 0`` and a guard that does not clip, the callback
+  sets ``args.max_grad_norm = 0`` for the run (the ``Trainer`` still logs the unclipped
+  ``grad_norm``) and the guard clips by the norm its monitor measured, at the same threshold;
+  both are put back at the end of ``train()``. A guard given its own ``max_grad_norm=`` and a
+  ``Trainer`` that clips too are refused (clip once);
+- adds ``skipped_steps`` and ``rollbacks`` to the ``Trainer``'s logs.
+
+What stays the ``Trainer``'s: fp16 loss scaling and its skip on inf, checkpoints
+(``save_steps``, ``resume_from_checkpoint``: the guard's state rides in ``optimizer.pt``), the
+random generators and the data position. ``transformers`` is imported when
 :func:`stabilizer_callback` is first called, not before.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any
 
 import torch
@@ -27,35 +42,96 @@ from trainopt.stability.integrations.guard import GuardedOptimizer, WindowSchedu
 __all__ = ["stabilize", "stabilizer_callback"]
 
 
+def _calling_trainer(callback: Any) -> Any:
+    """The ``Trainer`` up the call stack whose callbacks hold ``callback``, or ``None``."""
+    from transformers import Trainer
+
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            candidate = frame.f_locals.get("self")
+            if isinstance(candidate, Trainer) and callback in candidate.callback_handler.callbacks:
+                return candidate
+            frame = frame.f_back
+        return None
+    finally:
+        del frame  # no reference cycle through the frames
+
+
+def _clips_itself(guarded: GuardedOptimizer) -> bool:
+    return guarded.max_grad_norm is not None or getattr(guarded.core, "clipper", None) is not None
+
+
 @functools.cache
 def _callback_class() -> type:
     from transformers import TrainerCallback
 
     class StabilizerCallback(TrainerCallback):
-        """Feeds a GuardedOptimizer the training loss and reports what it skipped."""
+        """Feeds a GuardedOptimizer the training loss, clips for the Trainer, reports the skips."""
 
         def __init__(self, guarded: GuardedOptimizer) -> None:
             self.guarded = guarded
             self.handle = None
+            self.trainer = None  # the Trainer whose training_step is wrapped
+            self.clip_taken: tuple[Any, float] | None = None  # (args, its max_grad_norm)
 
-        def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
-                           **kwargs: Any) -> None:
-            if getattr(optimizer, "optimizer", optimizer) is not self.guarded:
+        def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
+                           optimizer: Any = None, **kwargs: Any) -> None:
+            guarded = self.guarded
+            self._give_clipping_back()  # left over from a train() that raised
+            if getattr(optimizer, "optimizer", optimizer) is not guarded:
                 raise ValueError("the Trainer does not step this callback's GuardedOptimizer: pass "
                                  "Trainer(optimizers=optimizers) with the pair stabilize() returned")
-            if (args.max_grad_norm or 0) > 0 and self.guarded.max_grad_norm is not None:
-                raise ValueError(f"clip once: TrainingArguments(max_grad_norm={args.max_grad_norm}) clips and so does "
-                                 f"the guard (max_grad_norm={self.guarded.max_grad_norm}); set one of them to "
-                                 "0 / None")
-            if self.handle is None:
-                self.handle = self.guarded.watch(model)
+            clip = args.max_grad_norm or 0
+            if clip > 0 and _clips_itself(guarded):
+                raise ValueError(
+                    f"clip once: TrainingArguments(max_grad_norm={args.max_grad_norm}) clips "
+                    f"and so does the guard (max_grad_norm={guarded.max_grad_norm}); set "
+                    "max_grad_norm=0 in TrainingArguments, or leave the guard's at None (the guard "
+                    "then clips at the Trainer's max_grad_norm)")
+            if clip > 0:  # the guard must see the unclipped norm: it clips, the Trainer does not
+                self.clip_taken = (args, args.max_grad_norm)
+                guarded.core.max_grad_norm = float(clip)
+                args.max_grad_norm = 0.0
+            if self.trainer is None and self.handle is None:
+                self._feed(_calling_trainer(self), model)
+
+        def _feed(self, trainer: Any, model: Any) -> None:
+            """Observe what ``trainer.training_step`` returns; without a Trainer, the model's."""
+            guarded = self.guarded
+            if trainer is None:
+                self.handle = guarded.watch(model)
+                return
+            original = trainer.training_step
+
+            def training_step(*args: Any, **kwargs: Any) -> torch.Tensor:
+                guarded.core.take_buffers()  # a skipped step puts BatchNorm's statistics back
+                loss = original(*args, **kwargs)
+                # the Trainer logs the sum of its micro-batches' losses: mean times count
+                guarded.observe(loss * trainer.current_gradient_accumulation_steps)
+                return loss
+
+            trainer.training_step = training_step
+            self.trainer = trainer
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if self.handle is not None:
                 self.handle.remove()
                 self.handle = None
+            if self.trainer is not None:
+                self.trainer.__dict__.pop("training_step", None)
+                self.trainer = None
+            self._give_clipping_back()
 
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        def _give_clipping_back(self) -> None:
+            if self.clip_taken is not None:
+                taken_args, value = self.clip_taken
+                taken_args.max_grad_norm = value
+                self.guarded.core.max_grad_norm = None
+                self.clip_taken = None
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
+                   **kwargs: Any) -> None:
             if logs is not None and "loss" in logs:
                 recovery = self.guarded.recovery
                 logs["skipped_steps"] = self.guarded.skipped_steps
@@ -91,7 +167,7 @@ def stabilize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedule
     """Guard ``optimizer`` for the ``Trainer``: ``(optimizers, callback)`` to pass it.
 
     Args:
-        model: The model the ``Trainer`` trains (its ``outputs.loss`` is monitored).
+        model: The model the ``Trainer`` trains (a rollback restores it).
         optimizer: The optimizer, built by you (``fused=True`` skips inside the kernel).
         scheduler: Its scheduler, e.g. ``transformers.get_scheduler(args.lr_scheduler_type, ...)``,
             which is the one the ``Trainer`` would build itself.

@@ -8,11 +8,16 @@ update on the device when the loss or the gradients are bad. No manual optimizat
 Return ``guarded.scheduler`` as the ``lr_scheduler``: the guard steps the real scheduler once per
 applied step, whatever its ``interval``.
 
-The callback of :func:`stabilizer_callback` refuses to clip twice and logs ``trainopt/skipped_steps``
-and ``trainopt/rollbacks`` at each boundary. What stays Lightning's: ``gradient_clip_val``, the
-precision plugin's loss scaling, ``ModelCheckpoint`` and ``ckpt_path=`` (the guard's state rides in
-the optimizer state of the ``.ckpt``). ``lightning`` is imported when :func:`stabilizer_callback`
-is first called.
+Clipping inside the closure would hide an exploding gradient from the guard (it would measure the
+clipped norm), so the callback of :func:`stabilizer_callback` takes it over: with
+``Trainer(gradient_clip_val=c)`` (by norm) and guards that do not clip, it sets the ``Trainer``'s
+``gradient_clip_val`` to ``None`` for ``fit`` and each guard clips at ``c`` by the norm its monitor
+measured; both are put back at the end of ``fit``. Clipping by value
+(``gradient_clip_algorithm="value"``), and a guard given its own ``max_grad_norm=`` beside
+``gradient_clip_val``, are refused. The callback also logs ``trainopt/skipped_steps`` and
+``trainopt/rollbacks`` at each boundary. What stays Lightning's: the precision plugin's loss
+scaling, ``ModelCheckpoint`` and ``ckpt_path=`` (the guard's state rides in the optimizer state of
+the ``.ckpt``). ``lightning`` is imported when :func:`stabilizer_callback` is first called.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ def _callback_class() -> type:
     from lightning.pytorch import Callback
 
     class StabilizerCallback(Callback):
-        """Checks the set-up at the start of ``fit`` and logs what the guards skipped."""
+        """Checks the set-up, clips for Lightning, and logs what the guards skipped."""
 
         def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
             guards = _guards(trainer)
@@ -44,10 +49,32 @@ def _callback_class() -> type:
                                  "GuardedOptimizer(optimizer, scheduler) and its .scheduler")
             clip = trainer.gradient_clip_val
             for guard in guards:
-                if clip and guard.max_grad_norm is not None:
-                    raise ValueError(f"clip once: Trainer(gradient_clip_val={clip}) clips and so does the guard "
-                                     f"(max_grad_norm={guard.max_grad_norm}); set one of them to None")
+                clips = guard.max_grad_norm is not None or getattr(guard.core, "clipper", None)
+                if clip and clips:
+                    raise ValueError(
+                        f"clip once: Trainer(gradient_clip_val={clip}) clips and so does the guard "
+                        f"(max_grad_norm={guard.max_grad_norm}); set one of them to None (the "
+                        "guard then clips at gradient_clip_val)")
             self.seen = [None] * len(guards)
+            self.clip_taken = None
+            if clip:
+                if str(getattr(trainer.gradient_clip_algorithm, "value", "norm")) == "value":
+                    raise ValueError(
+                        "gradient_clip_algorithm: 'value' clips inside the closure, before the "
+                        "guard measures the gradients; allowed with a GuardedOptimizer: 'norm' or "
+                        "None")
+                for guard in guards:  # it must see the unclipped norm: it clips, not Lightning
+                    guard.core.max_grad_norm = float(clip)
+                self.clip_taken = (guards, clip)
+                trainer.gradient_clip_val = None
+
+        def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+            if getattr(self, "clip_taken", None) is not None:
+                guards, clip = self.clip_taken
+                for guard in guards:
+                    guard.core.max_grad_norm = None
+                trainer.gradient_clip_val = clip
+                self.clip_taken = None
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, index: int) -> None:
             for i, guard in enumerate(_guards(trainer)):
@@ -62,6 +89,9 @@ def _callback_class() -> type:
 
 def stabilizer_callback() -> Any:
     """A ``lightning.pytorch.Callback`` for a module whose optimizers are ``GuardedOptimizer``.
+
+    With ``Trainer(gradient_clip_val=...)``, the guards clip in Lightning's place (see the module
+    notes), so that they measure the gradients before clipping.
 
     Returns:
         A ``StabilizerCallback`` for ``Trainer(callbacks=[...])``.
