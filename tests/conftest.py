@@ -114,3 +114,9 @@ def wheel_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             pytest.fail(message)
         pytest.skip(message)
     return venv / "bin" / "python"
+
+
+@pytest.fixture(scope="session")
+def trainopt_wheel(wheel_python: Path) -> Path:
+    """The wheel that :func:`wheel_python`'s environment holds."""
+    return Path(json.loads((wheel_python.parents[2] / "wheel-venv.json").read_text())["wheel"])

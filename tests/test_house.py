@@ -1,9 +1,9 @@
 """The house rules: the code's layout follows the site's grid (DESIGN.md, "The house").
 
 - one package per section of the site, each exporting with ``__all__`` the names its page teaches;
-- no module over 400 lines;
+- no line cap (DESIGN.md, revised 2026-12-01: one concern per module, kept by review and ruff);
 - no import cycle, between modules or between packages, and the packages stack:
-  ``models``/``data`` < ``schedules`` < ``config`` < ``stability`` < ``perf``, ``hpo``,
+  ``data`` < ``models`` < ``schedules`` < ``config`` < ``stability`` < ``perf``, ``hpo``,
   ``concepts``, ``diagnostics``;
 - ``schedules`` and ``stability`` import no optuna, matplotlib or sphinx when imported;
 - nothing in ``src/`` imports ``docs/`` or ``tests/``;
@@ -26,12 +26,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "trainopt"
 DOCS = ROOT / "docs"
-MAX_LINES = 400
 
 # Section packages (and the shared ones), bottom of the stack first; a package may import only
 # from packages of a lower rank (or its own).
 RANK = {
-    "trainopt.models": 0, "trainopt.data": 0,
+    "trainopt.data": -1,  # files the package ships: the very bottom (models loads the digits)
+    "trainopt.models": 0,
     "trainopt.schedules": 1,
     "trainopt.config": 2,
     "trainopt.stability": 3,
@@ -133,11 +133,6 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_module_is_over_400_lines() -> None:
-    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"modules over {MAX_LINES} lines: {long}"
-
-
 def test_no_import_cycle_between_modules() -> None:
     graph = {m: _imports(m, top_level_only=False) - {m} for m in MODULES}
     assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
@@ -146,6 +141,8 @@ def test_no_import_cycle_between_modules() -> None:
 def test_no_import_cycle_between_packages() -> None:
     graph: dict[str, set[str]] = {}
     for module in MODULES:
+        if module.endswith(".__main__"):
+            continue  # a command's entry point is a leaf (nothing imports it)
         here = _package_of(module)
         graph.setdefault(here, set()).update(_package_of(m) for m in _imports(module, False) if _package_of(m) != here)
     assert _cycle(graph) is None, f"import cycle between packages: {' -> '.join(_cycle(graph))}"

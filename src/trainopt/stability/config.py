@@ -94,19 +94,6 @@ class Detection:
             raise ValueError(f"Detection.skip_unstable must be True or False, "
                              f"got skip_unstable={self.skip_unstable!r}")
 
-    def checker(self, monitored: Any, check_every: int, process_group: Any = None) -> Any:
-        """The :class:`~trainopt.stability.checker.StabilityChecker` of these settings."""
-        from trainopt.stability.checker import StabilityChecker
-        from trainopt.stability.gradients import GradientMonitor
-        from trainopt.stability.monitors import LossStabilityMonitor
-
-        losses = LossStabilityMonitor(self.window_size, spike_factor=self.spike_factor,
-                                      check_every=check_every, min_history=self.min_history)
-        grads = GradientMonitor(monitored, self.window_size, self.explosion_factor, self.min_history,
-                                check_every)
-        return StabilityChecker(monitored, losses, grads, check_every=check_every,
-                                process_group=process_group)
-
 
 @dataclasses.dataclass(frozen=True)
 class Rollback:
@@ -148,18 +135,6 @@ class Rollback:
         _integer("Rollback", "max_rollbacks", self.max_rollbacks, 1)
         _integer("Rollback", "patience", self.patience, 1)
         _integer("Rollback", "skip_batches", self.skip_batches, 0)
-
-    def recovery(self, model: Any, optimizer: Any, checkpoint_dir: Any, *, check_every: int,
-                 scheduler: Any = None, scaler: Any = None) -> Any:
-        """The :class:`~trainopt.stability.recovery.TrainingRecovery` of these settings."""
-        from trainopt.stability.checkpoint import CheckpointManager
-        from trainopt.stability.recovery import TrainingRecovery
-
-        manager = CheckpointManager(checkpoint_dir, save_every=self.save_every or check_every,
-                                    keep_last=self.keep_last)
-        return TrainingRecovery(model, optimizer, manager, scheduler=scheduler, scaler=scaler,
-                                lr_factor=self.lr_factor, skip_batches=self.skip_batches,
-                                max_rollbacks=self.max_rollbacks, patience=self.patience)
 
 
 def deprecated_name(owner: str, old: str, value: Any, new_value: Any, default: Any) -> Any:

@@ -41,20 +41,45 @@ import torch
 from trainopt.stability.averaging import masked_update_parameters
 from trainopt.stability.buffers import BufferSnapshot
 from trainopt.stability.checker import StabilityChecker
+from trainopt.stability.checkpoint import CheckpointManager
+from trainopt.stability.config import Detection, Rollback
 from trainopt.stability.clipping import clip_grads_with_norm_
 from trainopt.stability.distributed import barrier, broadcast_from_rank0, is_main_process
+from trainopt.stability.gradients import GradientMonitor
+from trainopt.stability.monitors import LossStabilityMonitor
 from trainopt.stability.optimizers import check_no_step_hooks, skips_in_kernel
 from trainopt.stability.rates import lr_scale, scale_learning_rate
+from trainopt.stability.recovery import TrainingRecovery
 from trainopt.stability.schedule_window import ScheduleWindow
 from trainopt.stability.settings import is_metric_scheduler, step_with_metric
 from trainopt.stability.skip import fused_step, masked_step
 
-__all__ = ["CoreView", "GuardedUpdate"]
+__all__ = ["CoreView", "GuardedUpdate", "build_checker", "build_recovery"]
 
 logger = logging.getLogger("trainopt.stability")
 
 # Why a step was flagged, as bits of the per-step code the boundary reads.
 _REASONS = ((1, "non-finite loss"), (2, "loss spike"), (4, "non-finite gradient norm"), (8, "gradient explosion"))
+
+
+def build_checker(detection: Detection, monitored: Any, check_every: int,
+                  process_group: Any = None) -> StabilityChecker:
+    """The :class:`~trainopt.stability.checker.StabilityChecker` of a front door's ``detection``."""
+    losses = LossStabilityMonitor(detection.window_size, spike_factor=detection.spike_factor,
+                                  check_every=check_every, min_history=detection.min_history)
+    grads = GradientMonitor(monitored, detection.window_size, detection.explosion_factor,
+                            detection.min_history, check_every)
+    return StabilityChecker(monitored, losses, grads, check_every=check_every, process_group=process_group)
+
+
+def build_recovery(rollback: Rollback, model: Any, optimizer: Any, checkpoint_dir: Any, *,
+                   check_every: int, scheduler: Any = None, scaler: Any = None) -> TrainingRecovery:
+    """The :class:`~trainopt.stability.recovery.TrainingRecovery` of a front door's ``rollback``."""
+    manager = CheckpointManager(checkpoint_dir, save_every=rollback.save_every or check_every,
+                                keep_last=rollback.keep_last)
+    return TrainingRecovery(model, optimizer, manager, scheduler=scheduler, scaler=scaler,
+                            lr_factor=rollback.lr_factor, skip_batches=rollback.skip_batches,
+                            max_rollbacks=rollback.max_rollbacks, patience=rollback.patience)
 
 
 class GuardedUpdate:
@@ -83,6 +108,8 @@ class GuardedUpdate:
     Example:
         >>> import torch
         >>> from trainopt.stability.checker import StabilityChecker
+from trainopt.stability.checkpoint import CheckpointManager
+from trainopt.stability.config import Detection, Rollback
         >>> from trainopt.stability.core import GuardedUpdate
         >>> model = torch.nn.Linear(2, 1)
         >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)

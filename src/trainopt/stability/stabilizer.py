@@ -49,7 +49,7 @@ import torch
 
 from trainopt.stability.checker import StabilityChecker
 from trainopt.stability.config import Detection, Rollback, grouped_settings
-from trainopt.stability.core import CoreView, GuardedUpdate
+from trainopt.stability.core import CoreView, GuardedUpdate, build_checker, build_recovery
 from trainopt.stability.distributed import all_gather
 from trainopt.stability.scaling import DynamicLossScaler
 from trainopt.stability.settings import DTYPES, check_settings
@@ -160,13 +160,13 @@ class TrainingStabilizer(CoreView):
         self.scaler = scaler if scaler is not None else (DynamicLossScaler() if dtype is torch.float16 else None)
         self.accumulate = accumulate
         if recovery is None and checkpoint_dir is not None:
-            recovery = self.rollback.recovery(model, self.optimizer, checkpoint_dir, check_every=check_every,
+            recovery = build_recovery(self.rollback, model, self.optimizer, checkpoint_dir, check_every=check_every,
                                               scheduler=self.scheduler, scaler=self.scaler)
         elif recovery is not None and recovery.scaler is None:
             recovery.scaler = self.scaler
         if checker is None:
             monitored = self.optimizer if len(self.optimizers) == 1 else model
-            checker = self.detection.checker(monitored, check_every, process_group)
+            checker = build_checker(self.detection, monitored, check_every, process_group)
         self.core = GuardedUpdate(
             model, self.optimizers, self.schedulers, checker=checker, recovery=recovery,
             check_every=check_every, max_grad_norm=max_grad_norm, clipper=clipper,

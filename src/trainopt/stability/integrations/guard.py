@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from trainopt.stability.config import Detection, Rollback, grouped_settings
-from trainopt.stability.core import CoreView, GuardedUpdate
+from trainopt.stability.core import CoreView, GuardedUpdate, build_checker, build_recovery
 from trainopt.stability.settings import check_settings, is_metric_scheduler
 
 __all__ = ["GuardedOptimizer", "WindowScheduler"]
@@ -167,9 +167,9 @@ class GuardedOptimizer(CoreView, torch.optim.Optimizer):
         self.defaults = optimizer.defaults
         recovery = None
         if checkpoint_dir is not None:
-            recovery = self.rollback.recovery(model, optimizer, checkpoint_dir, check_every=check_every,
+            recovery = build_recovery(self.rollback, model, optimizer, checkpoint_dir, check_every=check_every,
                                               scheduler=scheduler)
-        checker = self.detection.checker(optimizer, check_every, process_group)
+        checker = build_checker(self.detection, optimizer, check_every, process_group)
         self.core = GuardedUpdate(
             model, [optimizer], [scheduler], checker=checker, recovery=recovery, check_every=check_every,
             max_grad_norm=max_grad_norm, skip_unstable=self.detection.skip_unstable,
