@@ -27,15 +27,21 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
+# The site's workshop (docs/_lib: trainopt_site, not in the wheel) on the environment's path, so
+# that `python -m trainopt_site.stability.corpus` and the like run here.
+$(VENV)/.workshop: | $(PY)
+	$(PY) -c "import sysconfig, pathlib; pathlib.Path(sysconfig.get_path('purelib'), 'trainopt_site.pth').write_text(str(pathlib.Path('docs/_lib').resolve()) + '\n')"
+	touch $@
+
 $(VENV)/.torch: | $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_SPEC)
 	touch $@
 
-$(VENV)/.docs: pyproject.toml $(VENV)/.torch
+$(VENV)/.docs: pyproject.toml $(VENV)/.torch $(VENV)/.workshop
 	$(PY) -m pip install -q -e ".[docs]"
 	touch $@
 
-$(VENV)/.test: pyproject.toml $(VENV)/.torch
+$(VENV)/.test: pyproject.toml $(VENV)/.torch $(VENV)/.workshop
 	$(PY) -m pip install -q -e ".[docs,test,hpo]"
 	touch $@
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+sys.path.insert(0, str(ROOT / "docs" / "_lib"))  # the site's workshop (trainopt_site), not in the wheel
 sys.path.insert(0, str(ROOT / "src"))
 
 os.environ.setdefault("MPLBACKEND", "Agg")
@@ -34,7 +35,7 @@ extensions = [
 
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "_data", "_ext", "_generated", "**/.ipynb_checkpoints", "README.md"]
+exclude_patterns = ["_build", "_data", "_ext", "_lib", "_generated", "**/.ipynb_checkpoints", "README.md"]
 templates_path = []
 html_static_path = ["docs/_static"]
 html_css_files = [("trainopt.css", {"priority": 800})]

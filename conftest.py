@@ -119,7 +119,17 @@ docstrings = Sybil(
     teardown=_docstrings_teardown,
 )
 
-pytest_collect_file = (docs + docstrings).pytest()
+workshop_docstrings = Sybil(
+    parsers=[DocTestParser(optionflags=OPTIONFLAGS), RestSkipParser()],
+    patterns=["*.py"],
+    path="docs/_lib",
+    name="workshop-docstrings",
+    document_types={".py": IsolatedDocStringDocument},
+    setup=_docstrings_setup,
+    teardown=_docstrings_teardown,
+)
+
+pytest_collect_file = (docs + docstrings + workshop_docstrings).pytest()
 
 
 # pytest-xdist (``make test`` runs ``-n 2``). Every file is one unit of work that one worker runs
