@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from trainopt.stability.corpus import FAULTY, HEALTHY, RISING, by_fault, render, run_plain, run_stabilized
+from trainopt.stability.corpus import EARLY, FAULTY, HEALTHY, RISING, run_plain, run_stabilized
+from trainopt.stability.corpus_table import classifier, family, render
 
 DATA = Path(__file__).resolve().parents[2] / "docs" / "_data" / "stability_corpus.json"
 
@@ -59,12 +60,72 @@ def test_a_fault_is_skipped_or_rolled_back(run, tmp_path: Path) -> None:
         assert result["skipped"] <= 2 and result["rollbacks"] == 0  # one bad batch costs one step, no rollback
 
 
-def test_the_pages_table_comes_from_the_recorded_corpus() -> None:
+DEAD = [run for run in EARLY
+        if run.optimizer == "sgd" and run.fault == "lr_x30" and run.fault_at >= 200]
+
+
+@pytest.mark.parametrize("run", DEAD, ids=[run.name for run in DEAD])
+def test_a_run_that_dies_at_chance_is_rolled_back(run, tmp_path: Path) -> None:
+    """SGD at 30 times its rate from step 200: the loss climbs to chance, the gradients vanish.
+
+    The loss-and-gradients-grow rule alone never fired here (the page's former miss); the
+    collapsed gradient norm with the loss above the reference window now rolls it back.
+    """
+    result = run_stabilized(run, seed=0, folder=tmp_path)
+    assert result["rollbacks"] >= 1 and min(result["rollback_steps"]) >= 200
+
+
+# The (fault, step) groups the recorded corpus may miss, each one the page names and explains:
+# a bad batch before the skip tests have min_history (20) steps of history, a shuffled batch at
+# step 20 within a still-falling range, raw pixels at 60 at batch 16, and learning-rate faults
+# whose loss stays below the reference or whose gradient norm stays within its range.
+ALLOWED_MISSES = {("inputs_x100", 10), ("shuffled_labels", 10), ("shuffled_labels", 20),
+                  ("raw_inputs", 60), ("lr_x10", 250), ("lr_x10", 280), ("lr_x30", 100),
+                  ("lr_x30", 150), ("lr_x30", 280)}
+NEVER_MISSED = {("labels", 60), ("labels", 250), ("raw_inputs", 250), ("inputs_x100", 20),
+                ("inputs_x100", 30), ("inputs_x100", 60), ("shuffled_labels", 30),
+                ("shuffled_labels", 60), ("nan_loss", 250), ("nan_gradient", 250), ("lr_x30", 200),
+                ("lr_x30", 210), ("lr_x30", 250), ("lr_x100", 250), ("lr_x100", 280)}
+
+
+def test_the_pages_tables_come_from_the_recorded_corpus() -> None:
     results = json.loads(DATA.read_text())
-    assert results["healthy_rollbacks"] == 0 and results["healthy_errors"] == 0
-    assert results["healthy_skipped_steps"] <= 0.005 * results["healthy_steps"]
-    table = render(DATA)
-    for row in by_fault(results):
-        assert f"| {row['runs']} | {row['wrong']} |" in table
-    misses = {r["run"] for r in results["rows"] if r["kind"] == "faulty" and not r["caught"]}
-    assert all("raw_inputs at 60" in name and "batch=16" in name for name in misses), misses
+    table = classifier(results)
+    # every healthy family was measured: none rolled back or aborted, none skipped over 0.5 %
+    healthy = (*HEALTHY, *RISING)
+    assert {row["family"] for row in table["healthy"]} == {family(run.name) for run in healthy}
+    for row in table["healthy"]:
+        assert row["runs"] == 3 * sum(family(run.name) == row["family"] for run in healthy)
+        assert row["rollbacks"] == 0 and row["aborts"] == 0, row
+        assert row["max_skipped_percent"] <= 0.5, row
+    assert table["totals"]["false_positive_runs"] == 0
+    # every fault of both corpora was measured on three seeds; the named ones all caught
+    groups = {(row["fault"], row["at"]): row for row in table["faulty"]}
+    assert set(groups) == {(run.fault, run.fault_at) for run in (*FAULTY, *EARLY)}
+    assert sum(row["runs"] for row in table["faulty"]) == 3 * len((*FAULTY, *EARLY))
+    assert ALLOWED_MISSES | NEVER_MISSED == set(groups)
+    for key in NEVER_MISSED:
+        assert groups[key]["missed"] == 0, groups[key]
+        assert groups[key]["caught"] == groups[key]["runs"], groups[key]
+    assert {key for key, row in groups.items() if row["missed"]} <= ALLOWED_MISSES
+    # the page shows these numbers
+    text = render(DATA)
+    for row in table["healthy"]:
+        assert f"| {row['family']} | {row['runs']} | {row['rollbacks']} |" in text
+    for row in table["faulty"]:
+        assert f"| {row['runs']} | {row['caught']} | {row['missed']} |" in text
+    totals = table["totals"]
+    assert f"Miss rate: {totals['missed']} of {totals['faulty_runs']} faulty runs" in text
+
+
+PAGE = DATA.parents[1] / "guides" / "training-optimization" / "training-stability.md"
+
+
+def test_the_pages_prose_states_the_recorded_rates() -> None:
+    totals = classifier(json.loads(DATA.read_text()))["totals"]
+    page = " ".join(PAGE.read_text().split())
+    steps = "step" if totals["skipped"] == 1 else "steps"
+    assert f"skipped {totals['skipped']} {steps} in {totals['steps']:,}" in page  # the page's opening
+    assert f"rolled back none of {totals['healthy_runs']} healthy runs" in page
+    assert f"skipped {totals['skipped']} of their {totals['steps']:,} steps" in page
+    assert f"missed {totals['missed']} of {totals['faulty_runs']} faulty runs" in page

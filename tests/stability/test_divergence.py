@@ -94,3 +94,28 @@ def test_two_spikes_in_one_window_are_both_flagged() -> None:
     flags = [bool(detector.update(torch.tensor(x))) for x in losses]
     assert [i for i, f in enumerate(flags) if f] == [30, 36]
     assert int(detector.num_spikes) == 2
+
+
+def test_a_loss_back_at_chance_with_collapsed_gradients_is_diverging() -> None:
+    # SGD at 30 times its rate from step 200 (the corpus's miss): the network dies, its loss climbs
+    # back to chance (2.5) while its gradient norm collapses (2 -> 0.2) instead of growing
+    steps = 300
+    losses = [(2.3 * math.exp(-s / 40) + 0.01 + 0.002 * abs(e)) if s < 200 else 2.5 + 0.05 * e
+              for s, e in enumerate(_noise(steps, 7).tolist())]
+    norms = [(2 + 0.3 * e) if s < 200 else 0.2 + 0.02 * e
+             for s, e in enumerate(_noise(steps, 8).tolist())]
+    reports = _windows(losses, norms)
+    assert [r["loss"]["diverging"] for r in reports] == [0, 0, 1]
+    reason = next(r for r in reports[2]["reasons"] if r.startswith("diverging"))
+    assert "below 1/4 of its largest" in reason
+    assert reports[2]["gradients"]["recent_median"] * 4 < reports[2]["gradients"]["reference"]
+
+
+def test_a_falling_loss_with_collapsing_gradients_is_not_diverging() -> None:
+    # convergence: the gradient norm falls to a tenth while the loss keeps falling
+    steps = 400
+    losses = [2 * 0.99 ** s * (1 + 0.01 * e) for s, e in enumerate(_noise(steps, 9).tolist())]
+    norms = [2 * 0.99 ** s * (1 + 0.05 * e) for s, e in enumerate(_noise(steps, 10).tolist())]
+    reports = _windows(losses, norms)
+    assert reports[-1]["gradients"]["recent_median"] * 4 < reports[-1]["gradients"]["reference"]
+    assert [r["loss"]["diverging"] for r in reports] == [0] * 4

@@ -18,6 +18,8 @@ __all__ = ["StabilityChecker"]
 _RECENT = 10  # fewest recent losses whose median the divergence test reads
 # How many times the reference's largest gradient norm a diverging run's median gradient norm exceeds.
 GRAD_GROWTH = 2.0
+# How many times below the reference's largest gradient norm a dead run's median gradient norm lies.
+GRAD_COLLAPSE = 4.0
 
 _REDUCED = (("loss", "nonfinite"), ("loss", "spikes"), ("loss", "max_score"), ("loss", "diverging"),
             ("gradients", "nonfinite"), ("gradients", "explosions"), ("gradients", "max_grad_norm"),
@@ -33,18 +35,20 @@ class StabilityChecker:
     persistence, which a rollback needs and a single flagged step does not:
 
     - ``max_streak``, the longest run of consecutive flagged steps in the window;
-    - ``loss["diverging"]``, 1 when the loss and the gradient norm grow together: the median of
-      the recent losses lies above every loss of the window accepted at the last stable check
-      (:attr:`reference`; before the first one, above the first ``min_history`` losses of the
-      run), *and* the median of the recent gradient norms lies more than ``grad_growth`` times
-      above every gradient norm of that window (:attr:`grad_reference`). The recent values are
+    - ``loss["diverging"]``, 1 when the loss grows and the gradient norm leaves its range: the
+      median of the recent losses lies above every loss of the window accepted at the last
+      stable check (:attr:`reference`; before the first one, above the first ``min_history``
+      losses of the run), *and* the median of the recent gradient norms lies more than
+      ``grad_growth`` times above every gradient norm of that window (:attr:`grad_reference`),
+      or more than ``GRAD_COLLAPSE`` (4) times below its largest. The recent values are
       the newer half of those since the last check, and at least the last ten. Each reference is
       the lower of the last two stable windows' largest values, so a window that saw the first
       steps of a divergence without being flagged does not raise the bar for the next one.
 
       A loss that rises alone is left alone: a KL or beta warm-up, a longer sequence, a new data
       mixture or a plateau raise the loss above an earlier window while the gradient norm stays
-      in its range. A run that diverges (a learning rate far too high) grows both.
+      in its range. A run that diverges (a learning rate far too high) grows both; or it dies:
+      its loss climbs to chance while its gradient norm collapses (SGD at 30 times its rate).
 
     Ranks agree. When ``torch.distributed`` is initialised, :meth:`update` agrees the flags of
     every rank in ``process_group`` (default: the whole world) with one MAX all-reduce on the
@@ -169,7 +173,10 @@ class StabilityChecker:
         loss_up = math.isfinite(recent_v) and math.isfinite(limit) and recent_v > limit
         grads_up = (math.isfinite(recent_grad_v) and math.isfinite(grad_limit)
                     and recent_grad_v > self.grad_growth * grad_limit)
-        loss["diverging"] = int(loss_up and grads_up)
+        # a dead run: the loss climbs back to chance while the gradients vanish (boundary reads only)
+        grads_down = (math.isfinite(recent_grad_v) and math.isfinite(grad_limit)
+                      and recent_grad_v * GRAD_COLLAPSE < grad_limit)
+        loss["diverging"] = int(loss_up and (grads_up or grads_down))
         reports = {"loss": loss, "gradients": grads}
         if not math.isfinite(grads["param_norm"]):
             grads["param_norm"] = math.inf  # NaN would lose the MAX reduction
@@ -186,10 +193,12 @@ class StabilityChecker:
         if grads["explosions"]:
             reasons.append(f"{grads['explosions']} gradient explosions (max norm {grads['max_grad_norm']:.3g})")
         if loss["diverging"]:
+            where = (f"above {self.grad_growth:g} times" if grads_up
+                     else f"below 1/{GRAD_COLLAPSE:g} of")
             reasons.append(
                 f"diverging (recent median loss {loss['recent_median']:.4g} above every accepted "
                 f"loss of the reference window, max {loss['reference']:.4g}; recent median "
-                f"gradient norm {grads['recent_median']:.4g} above {self.grad_growth:g} times "
+                f"gradient norm {grads['recent_median']:.4g} {where} "
                 f"its largest, {grads['reference']:.4g})")
         return {
             "is_stable": not reasons,

@@ -23,6 +23,8 @@ what it did:
   or with its labels shuffled at step 10 to 60, and a learning rate 30 times too high from step
   100 to 210. A miss is a bad batch whose step was applied, or a learning-rate
   fault that no rollback answered.
+
+:mod:`trainopt.stability.corpus_table` turns the results into the page's tables.
 """
 
 from __future__ import annotations
@@ -44,8 +46,7 @@ from trainopt.stability.corpus_runs import build_task
 from trainopt.stability.recovery import TrainingInstabilityError
 from trainopt.stability.stabilizer import TrainingStabilizer
 
-__all__ = ["EARLY", "FAULTY", "HEALTHY", "RISING", "Run", "by_fault", "measure", "render", "run_plain",
-           "run_stabilized"]
+__all__ = ["EARLY", "FAULTY", "HEALTHY", "RISING", "Run", "measure", "run_plain", "run_stabilized"]
 
 
 @dataclass(frozen=True)
@@ -254,69 +255,6 @@ def measure(healthy: Sequence[Run] = (*HEALTHY, *RISING), faulty: Sequence[Run] 
         "faulty_runs": len(faulty_rows),
         "misses": sum(not r["caught"] for r in faulty_rows),
     }
-
-
-def by_fault(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The table of the stability page: one row per kind of run, false positives or misses.
-
-    Example:
-        >>> from trainopt.stability.corpus import by_fault
-        >>> rows = [{"kind": "healthy", "run": "a", "skipped": 0, "steps": 10, "rollbacks": 0, "error": None},
-        ...         {"kind": "faulty", "fault": "labels", "fault_at": 60, "caught": False},
-        ...         {"kind": "faulty", "fault": "labels", "fault_at": 60, "caught": True}]
-        >>> [(r["kind"], r["runs"], r["wrong"]) for r in by_fault({"rows": rows})]
-        [('healthy runs', 1, 0), ('labels at step 60', 2, 1)]
-    """
-    healthy = [r for r in results["rows"] if r["kind"] == "healthy"]
-    table = [{"kind": "healthy runs", "runs": len(healthy),
-              "wrong": sum(bool(r["skipped"] or r["rollbacks"] or r["error"]) for r in healthy),
-              "skipped": sum(r["skipped"] for r in healthy), "steps": sum(r["steps"] for r in healthy)}]
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for row in results["rows"]:
-        if row["kind"] == "faulty":
-            at = "" if row["fault"].startswith("nan") else f" at step {row['fault_at']}"
-            groups.setdefault(f"{row['fault']}{at}", []).append(row)
-    table += [{"kind": kind, "runs": len(rows), "wrong": sum(not r["caught"] for r in rows)}
-              for kind, rows in groups.items()]
-    return table
-
-
-_KIND_NAMES = {"labels": "a batch with every label wrong", "raw_inputs": "a batch of raw pixels (not standardised)",
-               "nan_loss": "a NaN loss", "nan_gradient": "a NaN gradient", "lr_x10": "learning rate ×10",
-               "lr_x30": "learning rate ×30", "lr_x100": "learning rate ×100",
-               "inputs_x100": "a batch of inputs ×100", "shuffled_labels": "a batch with its labels shuffled"}
-
-
-def render(source: str | Path) -> str:
-    """The page's table of a results file written by ``python -m trainopt.stability.corpus``.
-
-    Example:
-        >>> from trainopt.stability.corpus import render
-        >>> print(render("no-such-file.json"))
-        *No results yet: `python -m trainopt.stability.corpus --out no-such-file.json` writes them.*
-    """
-    source = Path(source)
-    if not source.exists():
-        return f"*No results yet: `python -m trainopt.stability.corpus --out {source.name}` writes them.*"
-    results = json.loads(source.read_text())
-    lines = ["| runs | count | wrong | what is wrong |", "| --- | --: | --: | --- |"]
-    for row in by_fault(results):
-        if row["kind"] == "healthy runs":
-            lines.append(f"| healthy (false positives) | {row['runs']} | {row['wrong']} | a skipped step, a rollback "
-                         f"or an error: {row['skipped']} of {row['steps']:,} steps skipped, "
-                         f"{results['healthy_rollbacks']} rollbacks, {results['healthy_errors']} errors |")
-        else:
-            fault, _, at = row["kind"].partition(" at ")
-            where = f", at step {at.split()[-1]}" if at else ""
-            what = "no rollback" if fault.startswith("lr_x") else "its step applied"
-            lines.append(f"| {_KIND_NAMES[fault]}{where} (misses) | {row['runs']} | {row['wrong']} | {what} |")
-    made = results.get("made", {})
-    lines += ["", f"*{results['healthy_within_noise']} of {results['healthy_runs']} healthy runs end within the "
-              f"spread of plain torch over runs with random state {results['seeds']}. Written by `python -m trainopt.stability.corpus` "
-              f"with torch {made.get('torch', '?')} on {made.get('machine', '?')}, {made.get('date', '?')}, "
-              f"commit {made.get('git_commit', '?')}"
-              f"{' (uncommitted changes)' if made.get('git_dirty') else ''}.*"]
-    return "\n".join(lines)
 
 
 def _provenance() -> dict[str, Any]:
