@@ -64,7 +64,17 @@ _REASONS = ((1, "non-finite loss"), (2, "loss spike"), (4, "non-finite gradient 
 
 def build_checker(detection: Detection, monitored: Any, check_every: int,
                   process_group: Any = None) -> StabilityChecker:
-    """The :class:`~trainopt.stability.checker.StabilityChecker` of a front door's ``detection``."""
+    """The :class:`~trainopt.stability.checker.StabilityChecker` of a front door's ``detection``.
+
+    Example:
+        >>> import torch
+        >>> from trainopt.stability import Detection
+        >>> from trainopt.stability.core import build_checker
+        >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+        >>> checker = build_checker(Detection(window_size=50, min_history=10), opt, check_every=25)
+        >>> checker.min_history, checker.loss_monitor.detector.window_size
+        (10, 50)
+    """
     losses = LossStabilityMonitor(detection.window_size, spike_factor=detection.spike_factor,
                                   check_every=check_every, min_history=detection.min_history)
     grads = GradientMonitor(monitored, detection.window_size, detection.explosion_factor,
@@ -74,7 +84,19 @@ def build_checker(detection: Detection, monitored: Any, check_every: int,
 
 def build_recovery(rollback: Rollback, model: Any, optimizer: Any, checkpoint_dir: Any, *,
                    check_every: int, scheduler: Any = None, scaler: Any = None) -> TrainingRecovery:
-    """The :class:`~trainopt.stability.recovery.TrainingRecovery` of a front door's ``rollback``."""
+    """The :class:`~trainopt.stability.recovery.TrainingRecovery` of a front door's ``rollback``.
+
+    Example:
+        >>> import tempfile
+        >>> import torch
+        >>> from trainopt.stability import Rollback
+        >>> from trainopt.stability.core import build_recovery
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> recovery = build_recovery(Rollback(lr_factor=0.25), model, opt, tempfile.mkdtemp(), check_every=50)
+        >>> recovery.lr_factor, recovery.checkpoint_manager.save_every
+        (0.25, 50)
+    """
     manager = CheckpointManager(checkpoint_dir, save_every=rollback.save_every or check_every,
                                 keep_last=rollback.keep_last)
     return TrainingRecovery(model, optimizer, manager, scheduler=scheduler, scaler=scaler,
@@ -108,8 +130,6 @@ class GuardedUpdate:
     Example:
         >>> import torch
         >>> from trainopt.stability.checker import StabilityChecker
-from trainopt.stability.checkpoint import CheckpointManager
-from trainopt.stability.config import Detection, Rollback
         >>> from trainopt.stability.core import GuardedUpdate
         >>> model = torch.nn.Linear(2, 1)
         >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -395,6 +415,16 @@ class CoreView:
     (skipped ones up to the last boundary), :attr:`skipped` (skipped in the open window, on the
     device), :attr:`skip_events` (every skip ever made, rolled back or not) and
     :attr:`applied_steps`.
+
+    Example:
+        >>> import torch
+        >>> from trainopt.stability import TrainingStabilizer
+        >>> model = torch.nn.Linear(2, 1)
+        >>> stabilizer = TrainingStabilizer(model, torch.optim.SGD(model.parameters(), lr=0.1), check_every=4)
+        >>> for factor in (1.0, float("nan"), 1.0, 1.0):
+        ...     _ = stabilizer.step(lambda: model(torch.ones(3, 2)).pow(2).mean() * factor)
+        >>> stabilizer.steps, stabilizer.skipped_steps, stabilizer.applied_steps  # the boundary at 4
+        (4, 1, 3)
     """
 
     core: GuardedUpdate
