@@ -121,8 +121,11 @@ def test_table_shows_each_form_its_ratio_interval_reads_and_verdict(result: dict
     table = render(changed)
     row = next(line for line in table.splitlines() if line.startswith("| AdamW fused"))
     assert "| 100.00 | 101.00 | 1.010 [1.005–1.020] | 0.990–1.030 | 0 / 0 |" in row
-    assert "**meets** the goal of at most 1.050: AdamW fused;" in table
-    assert "**misses** it: AdamW foreach, AdamW single-tensor, SGD default, SGD foreach" in table
+    assert "**meets** the goal of at most 1.050 in AdamW fused;" in table
+    assert "**misses** it in AdamW foreach, AdamW single-tensor, SGD default, SGD foreach" in table
+    for f in changed["forms"]:
+        f["ratio"]["ratio"] = 1.2
+    assert f"**misses** the goal of at most 1.050 in {', '.join(FORMS)}." in render(changed)
     assert len([line for line in table.splitlines() if line.startswith("| ")]) == 2 + len(FORMS)
 
 
@@ -131,5 +134,7 @@ def test_bad_arguments_raise_before_running() -> None:
         run(size="tiny", device="cpu", dtype="fp16")
     with pytest.raises(ValueError, match="windows must be a positive int"):
         run(size="tiny", device="cpu", windows=0)
+    with pytest.raises(ValueError, match="sync_steps must be below check_every"):
+        run(size="tiny", device="cpu", sync_steps=10, check_every=10)
     with pytest.raises(ValueError, match="forms must be among"):
         run(size="tiny", device="cpu", forms=["Adam"])

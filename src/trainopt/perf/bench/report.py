@@ -184,10 +184,10 @@ def _stability_overhead(results: Results) -> list[str]:
               "ratio, median [95% interval]", "paired window ratios, min–max",
               "host reads per step, bare / stabilized"]
     level = next((f["ratio"]["confidence"] for f in results["forms"] if f["status"] == "ok"), 0.95)
-    verdict = (f"**meets** the goal of at most {_ratio3(goal)}: {', '.join(meeting)}"
-               if meeting else "")
-    if missing:
-        verdict += ("; " if meeting else "") + f"**misses** it: {', '.join(missing)}"
+    verdict = "; ".join(
+        [f"**meets** the goal of at most {_ratio3(goal)} in {', '.join(meeting)}"] * bool(meeting)
+        + [f"**misses** {'it' if meeting else f'the goal of at most {_ratio3(goal)}'} in "
+           f"{', '.join(missing)}"] * bool(missing))
     more = sync["more_reads_than_bare"]
     return _table(header, rows) + [
         "",

@@ -233,7 +233,8 @@ def _measure_form(form: str, base: torch.nn.Module, compute: Callable[[torch.nn.
     warmup = {name: warm_up(steps[name], device, min_steps=warmup_steps, window=steps_per_window,
                             max_steps=max_warmup_steps) for name in VARIANTS}
     times = _alternating_windows(steps, device, steps_per_window, windows)
-    stabilizer.check_every = 10**9  # no boundary inside the counted steps
+    while stabilizer.steps % check_every + sync_steps >= check_every:
+        steps["stabilized"]()  # no boundary among the counted steps: they are the steady state
     reads = {"bare": _host_reads(steps["bare"], sync_steps, device, False)}
     reads["stabilized"] = _host_reads(steps["stabilized"], sync_steps, device,
                                       device.type == "cuda" and reads["bare"]["count"] == 0)
@@ -297,6 +298,9 @@ def run(size: str | None = None, device: str | None = None, batch_size: int | No
                         ("warmup_steps", warmup_steps + 1)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
+    if sync_steps >= check_every:
+        raise ValueError(f"sync_steps must be below check_every (steps between boundaries), got "
+                         f"{sync_steps=}, {check_every=}")
     forms = list(FORMS) if forms is None else list(forms)
     unknown = [f for f in forms if f not in FORMS]
     if unknown or not forms:
