@@ -312,7 +312,7 @@ def _all(args: argparse.Namespace, command: str) -> dict[str, Any]:
     small = args.size or ("124m" if gpu else "tiny")
     jobs = {"bench_stability": lambda: stability.run(
                 size=small, device=device, batch_size=args.batch_size, steps_per_window=args.steps,
-                windows=max(args.windows, 2) * 2, warmup_steps=args.warmup, max_warmup_steps=args.max_warmup,
+                windows=max(args.windows, 10) * 2, warmup_steps=args.warmup, max_warmup_steps=args.max_warmup,
                 compile=gpu, compile_backend=args.compile_backend, command=command, note=args.note),
             "perf": lambda: experiments.run(
                 args.size or ("124m" if gpu else "small"), device, args.batch_size or (None if gpu else 16),

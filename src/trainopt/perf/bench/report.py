@@ -193,7 +193,8 @@ def _stability_overhead(results: Results) -> list[str]:
         "",
         f"{cfg['model']} ({cfg['parameters'] / 1e6:.1f}M parameters), batch {cfg['batch_size']} × "
         f"{cfg['seq_len']}, {cfg['dtype']}, {'compiled' if cfg['compile'] else 'eager'}, "
-        f"{cfg['threads']} threads; a {cfg['schedule']} on every optimizer. Bare and stabilized "
+        f"{cfg['threads']} thread{'s' * (cfg['threads'] != 1)}; a {cfg['schedule']} on every "
+        "optimizer. Bare and stabilized "
         f"alternate in {cfg['windows']} windows each of {cfg['steps_per_window']} steps "
         "(AB BA …); "
         f"the ratio is the median of the paired window ratios, with a {_percent(level)} bootstrap "
@@ -203,7 +204,7 @@ def _stability_overhead(results: Results) -> list[str]:
         + ("the stabilized step reads the host no more often than the bare one in every form"
            if not more else f"**more than bare** in {', '.join(more)}")
         + (f"; failed: {_clean('; '.join(sync['errors']))}" if sync.get("errors") else "") + ".",
-    ]
+    ] + ([f"Command: `{results['meta']['command']}`."] if results["meta"].get("command") else [])
 
 
 # -- the performance experiments (python -m trainopt.perf.bench experiments) --------------------
