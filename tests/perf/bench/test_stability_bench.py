@@ -138,3 +138,11 @@ def test_bad_arguments_raise_before_running() -> None:
         run(size="tiny", device="cpu", sync_steps=10, check_every=10)
     with pytest.raises(ValueError, match="forms must be among"):
         run(size="tiny", device="cpu", forms=["Adam"])
+
+
+def test_windows_alternate_bare_first_then_stabilized_first() -> None:
+    calls: list[str] = []
+    steps = {"bare": lambda: calls.append("b"), "stabilized": lambda: calls.append("s")}
+    times = stability._alternating_windows(steps, stability.torch.device("cpu"), 2, 4)
+    assert "".join(calls) == "bbss" + "ssbb" + "bbss" + "ssbb"  # AB BA AB BA
+    assert [len(times["bare"]), len(times["stabilized"])] == [4, 4]
