@@ -116,10 +116,14 @@ def test_recipe_compares_the_two_loops_in_one_run(tmp_path: Path, capsys: pytest
 def test_stability_writes_its_results_and_prints_its_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "s.json"
     assert main(["stability", "--out", str(out), "--size", "tiny", "--device", "cpu", "--batch-size", "2",
-                 "--seq-len", "8", "--note", "a test", *QUICK]) == 0
+                 "--seq-len", "8", "--note", "a test", "--forms", "SGD default", "AdamW fused",
+                 "--sync-steps", "2", "--threads", "1", *QUICK]) == 0
     saved = json.loads(out.read_text())
-    assert saved["kind"] == "stability" and saved["meta"]["note"] == "a test" and saved["sync_check"]["syncs"] == 0
-    assert "| (b) TrainingStabilizer |" in capsys.readouterr().out
+    assert saved["kind"] == "stability" and saved["meta"]["note"] == "a test"
+    assert saved["sync_check"]["passed"]
+    assert [f["form"] for f in saved["forms"]] == ["SGD default", "AdamW fused"]
+    assert saved["config"]["threads"] == 1 and saved["sync_check"]["steps"] == 2
+    assert "| SGD default: `SGD(lr=0.05, momentum=0.9)` |" in capsys.readouterr().out
 
 
 def console_commands() -> list[tuple[str, list[str]]]:

@@ -139,6 +139,12 @@ def build_parser() -> ArgumentParser:
     s.add_argument("--compile", action="store_true", help="compile the model")
     s.add_argument("--compile-backend", choices=COMPILE_BACKENDS, default="inductor", help="torch.compile backend")
     s.add_argument("--check-every", type=positive_int, default=100, help="the stabilizer's boundary interval")
+    s.add_argument("--forms", nargs="+", choices=list(stability.FORMS), default=None,
+                   help="optimizer forms to time (default: all)")
+    s.add_argument("--sync-steps", type=positive_int, default=20,
+                   help="steady-state steps whose host reads are counted, per form")
+    s.add_argument("--threads", type=positive_int, default=None,
+                   help="torch threads (default: torch's); 1 is steadier on a shared CPU")
 
     e = sub.add_parser("experiments", help="precision, memory, checkpointing and profile of one model")
     common(e)
@@ -268,10 +274,18 @@ def _recipe(args: argparse.Namespace, command: str) -> dict[str, Any]:
 def _stability(args: argparse.Namespace, command: str) -> dict[str, Any]:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     _check_shape(args.size or ("124m" if device == "cuda" else "tiny"), args.seq_len)
-    return stability.run(size=args.size, device=args.device, batch_size=args.batch_size, seq_len=args.seq_len or None,
-                         steps_per_window=args.steps, windows=args.windows, warmup_steps=args.warmup,
-                         max_warmup_steps=args.max_warmup, check_every=args.check_every, compile=args.compile,
-                         compile_backend=args.compile_backend, dtype=args.dtype, command=command, note=args.note)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads or threads)
+    try:
+        return stability.run(
+            size=args.size, device=args.device, batch_size=args.batch_size,
+            seq_len=args.seq_len or None, steps_per_window=args.steps, windows=args.windows,
+            warmup_steps=args.warmup, max_warmup_steps=args.max_warmup,
+            check_every=args.check_every, compile=args.compile,
+            compile_backend=args.compile_backend, dtype=args.dtype, forms=args.forms,
+            sync_steps=args.sync_steps, command=command, note=args.note)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _experiments(args: argparse.Namespace, command: str) -> dict[str, Any]:
@@ -298,7 +312,7 @@ def _all(args: argparse.Namespace, command: str) -> dict[str, Any]:
     small = args.size or ("124m" if gpu else "tiny")
     jobs = {"bench_stability": lambda: stability.run(
                 size=small, device=device, batch_size=args.batch_size, steps_per_window=args.steps,
-                windows=max(args.windows, 2) * 2, warmup_steps=args.warmup, max_warmup_steps=args.max_warmup,
+                windows=max(args.windows, 10) * 2, warmup_steps=args.warmup, max_warmup_steps=args.max_warmup,
                 compile=gpu, compile_backend=args.compile_backend, command=command, note=args.note),
             "perf": lambda: experiments.run(
                 args.size or ("124m" if gpu else "small"), device, args.batch_size or (None if gpu else 16),
