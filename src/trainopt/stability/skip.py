@@ -165,15 +165,18 @@ def masked_step(
     except BaseException:
         _unwatch(optimizer, watched)
         raise
+    # in place (out=): a where and its copy back cost three times one where writing in place
     for p, old in zip(params, old_params):
         ratio = ratios.get(p)
-        p.copy_(torch.where(masks(p), old, p if ratio is None else torch.lerp(old, p, ratio.to(p.dtype))))
+        if ratio is not None:
+            torch.lerp(old, p, ratio.to(p.dtype), out=p)
+        torch.where(masks(p), old, p, out=p)
     for p, before in old_state.items():
         for key, value in optimizer.state[p].items():
             if torch.is_tensor(value):
                 prev = before.get(key)
                 prev = torch.zeros_like(value) if prev is None else prev
-                value.copy_(torch.where(masks(value), prev, value))
+                torch.where(masks(value), prev, value, out=value)
     _reset_new_state(optimizer, watched, masks)
     return result
 

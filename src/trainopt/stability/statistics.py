@@ -115,9 +115,31 @@ def tail_score(
         >>> round(tail_score(torch.tensor(4.0), window).item(), 1)  # every label wrong: far out
         20.2
     """
-    median = nanmedian(window)
-    unit = torch.maximum(nanmax(window) - median, rel_floor * median.abs()).clamp_min(abs_floor)
+    median, largest = _median_and_max(window)
+    unit = torch.maximum(largest - median, rel_floor * median.abs()).clamp_min(abs_floor)
     return (value.to(window.dtype) - median) / unit
+
+
+_HALVES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _median_and_max(window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`nanmedian` and :func:`nanmax` of ``window`` from one sort and one gather.
+
+    The step calls this twice (the loss and the gradient norm), so its operators are the
+    stabilizer's per-step cost: 11 here against 19 for the two functions. Sorting puts NaN
+    last; with ``n`` non-NaN entries the two middle ones sit at ``(n - 1) // 2`` and ``n // 2``
+    and the largest at ``n - 1``, all three ``(n * a + b) // 2`` for constant ``a``, ``b``.
+    """
+    ordered = torch.sort(window.reshape(-1)).values
+    count = (ordered == ordered).sum()  # NaN != NaN
+    if window.device not in _HALVES:
+        _HALVES[window.device] = (torch.tensor([1, 1, 2], device=window.device),
+                                  torch.tensor([-1, 0, -2], device=window.device))
+    scale, shift = _HALVES[window.device]
+    index = torch.div(count * scale + shift, 2, rounding_mode="floor").clamp_(0, max(ordered.numel() - 1, 0))
+    picked = ordered.gather(0, index)
+    return picked[:2].mean(), picked[2]
 
 
 def _as_finite_or_nan(x: torch.Tensor) -> torch.Tensor:
