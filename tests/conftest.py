@@ -19,6 +19,7 @@ from filelock import FileLock
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 sys.path.insert(0, str(DOCS / "_ext"))
+sys.path.insert(0, str(ROOT / "tests"))  # extras, artifacts: the suite's helpers (importlib mode)
 
 
 def shared_tmp_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 from audit import blocks
+from extras import require
 from notebooks import doctest_as_code
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs/guides/training-optimization/learning-rate-scheduling.md"
 
-pytest.importorskip("build")
+require("build", "test")
 
 
 @pytest.fixture(scope="module")

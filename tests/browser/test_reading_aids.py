@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from extras import require
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
@@ -30,7 +31,7 @@ if not CHROMIUM:
         pytest.fail("CI must run the browser tests: install Debian's chromium (see .ci/run)", pytrace=False)
     pytest.skip("no Chromium binary found (set TRAINOPT_CHROMIUM)", allow_module_level=True)
 
-playwright_api = pytest.importorskip("playwright.sync_api")
+playwright_api = require("playwright.sync_api", "test")
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

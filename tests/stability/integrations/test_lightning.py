@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
+from extras import require
 
-pytest.importorskip("lightning", reason="needs trainopt[lightning]")
+require("lightning", "lightning")
 
 from trainopt.stability.integrations.checks import lightning_run  # noqa: E402
 
