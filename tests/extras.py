@@ -22,7 +22,7 @@ def in_ci() -> bool:
 
 
 def require(name: str, extra: str) -> ModuleType:
-    """The module ``name``; else a skip naming ``pip install 'trainopt[<extra>]'``; in CI, a failure.
+    """The module ``name``; else a skip naming ``pip install 'trainopt[<extra>]'``; in CI, fail.
 
     Works at module level (the whole file skips, or fails to collect under CI), in a fixture
     and in a test.
