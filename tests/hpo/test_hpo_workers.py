@@ -72,10 +72,12 @@ def meet_the_other_workers():
         time.sleep(0.05)
 '''
 
+# A heartbeat of 5 s: a live worker is taken for dead only if load starves it for 10 s (at 2 s,
+# a 4 s stall added a trial); the killed worker's trial fails 10 s after its last beat.
 CONFIG = {
     "objective": "tuning_objective:objective",
     "study": {"name": "workers", "sampler": "random", "pruner": "median", "prune_after": 0, "seed": 0,
-              "heartbeat": 2},
+              "heartbeat": 5},
     "fixed": {"steps": 5, "seconds_per_step": 0.1},
     "search_space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
 }
