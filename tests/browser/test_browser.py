@@ -48,7 +48,7 @@ from pathlib import Path
 import pytest
 from artifacts import record
 from audit import blocks
-from extras import require
+from extras import in_ci, require
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -63,7 +63,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 
 if not CHROMIUM:
-    if os.environ.get("CI"):
+    if in_ci():
         pytest.fail("CI must run the browser tests: install Debian's chromium (see .ci/run)",
                     pytrace=False)
     pytest.skip("no Chromium binary found (set TRAINOPT_CHROMIUM)", allow_module_level=True)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from extras import require
+from extras import in_ci, require
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
@@ -27,7 +27,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 STABILITY = "guides/training-optimization/training-stability.html"
 
 if not CHROMIUM:
-    if os.environ.get("CI"):
+    if in_ci():
         pytest.fail("CI must run the browser tests: install Debian's chromium (see .ci/run)", pytrace=False)
     pytest.skip("no Chromium binary found (set TRAINOPT_CHROMIUM)", allow_module_level=True)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from extras import in_ci
 from optuna.exceptions import ExperimentalWarning
 from optuna.trial import TrialState
 
@@ -93,7 +94,7 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path):
         yield f"journal:{tmp_path / 'study.log'}", names
     else:
         if not POSTGRES_URL:
-            if os.environ.get("CI"):
+            if in_ci():
                 pytest.fail("CI is set but TRAINOPT_POSTGRES_URL is not: .ci/run must start PostgreSQL")
             pytest.skip("no PostgreSQL server: set TRAINOPT_POSTGRES_URL (.ci/run starts one)")
         yield POSTGRES_URL, names
