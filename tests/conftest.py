@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 sys.path.insert(0, str(DOCS / "_ext"))
 sys.path.insert(0, str(DOCS / "_lib"))  # the site's workshop (trainopt_site)
+sys.path.insert(0, str(ROOT / "tests"))  # extras, artifacts: the suite's helpers (importlib mode)
 
 
 def shared_tmp_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -110,8 +111,10 @@ def wheel_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
                                            "wheel": str(wheels[0]) if wheels else None}))
         built = json.loads(outcome.read_text())
     if not built["ok"]:
+        from extras import in_ci
+
         message = f"no virtual environment with trainopt's wheel could be made:\n{built['log'][-6000:]}"
-        if os.environ.get("CI"):
+        if in_ci():
             pytest.fail(message)
         pytest.skip(message)
     return venv / "bin" / "python"

@@ -12,7 +12,11 @@ import subprocess
 import zipfile
 from pathlib import Path
 
+from extras import require
+
 ROOT = Path(__file__).resolve().parents[1]
+
+require("build", "test")  # the wheel is built with it
 
 
 def test_the_wheel_carries_every_data_file(trainopt_wheel: Path) -> None:

@@ -22,7 +22,9 @@ def test_synthetic_batch_inputs_and_targets_share_no_storage(batch_size):
 
 def test_the_shipped_digits_are_scikit_learns() -> None:
     """``digits.npz`` holds the samples, in order, that ``sklearn.datasets.load_digits`` gives."""
-    sklearn = pytest.importorskip("sklearn.datasets")
+    from extras import require
+
+    sklearn = require("sklearn.datasets", "test")
     from trainopt.models import digits_pixels
 
     reference = sklearn.load_digits()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from artifacts import append_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -181,7 +182,4 @@ def test_the_suite_catches_the_break(mutation: Mutation, pristine: Path, tmp_pat
     caught = [line.split(" - ")[0].removeprefix("FAILED ") for line in result.stdout.splitlines()
               if line.startswith("FAILED ")]
     assert caught, result.stdout[-2000:]
-    log = ROOT / "test-artifacts" / "mutations.txt"
-    log.parent.mkdir(exist_ok=True)
-    with log.open("a") as out:
-        out.write(f"{mutation.name}: caught by {caught[0]}\n")
+    append_line("mutations.txt", f"{mutation.name}: caught by {caught[0]}")  # under a lock

@@ -46,7 +46,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from artifacts import record
 from audit import blocks
+from extras import in_ci, require
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -61,12 +63,12 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 
 if not CHROMIUM:
-    if os.environ.get("CI"):
+    if in_ci():
         pytest.fail("CI must run the browser tests: install Debian's chromium (see .ci/run)",
                     pytrace=False)
     pytest.skip("no Chromium binary found (set TRAINOPT_CHROMIUM)", allow_module_level=True)
 
-playwright_api = pytest.importorskip("playwright.sync_api")
+playwright_api = require("playwright.sync_api", "test")
 
 PAGES = sorted(
     p.relative_to(DOCS).with_suffix(".html").as_posix()
@@ -366,12 +368,8 @@ def _fresh_python(runner: str, payload: object, timeout: int = 900) -> subproces
 
 
 def _record(artifact: str, key: str, value: object) -> None:
-    """Merge ``{key: value}`` into ``test-artifacts/<artifact>``."""
-    path = ARTIFACTS / artifact
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[key] = value
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    """Merge ``{key: value}`` into ``test-artifacts/<artifact>`` (under a lock: see artifacts.py)."""
+    record(artifact, key, value, ARTIFACTS)
 
 
 def _reader_pages() -> list[str]:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from extras import in_ci, require
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
@@ -26,11 +27,11 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 STABILITY = "guides/training-optimization/training-stability.html"
 
 if not CHROMIUM:
-    if os.environ.get("CI"):
+    if in_ci():
         pytest.fail("CI must run the browser tests: install Debian's chromium (see .ci/run)", pytrace=False)
     pytest.skip("no Chromium binary found (set TRAINOPT_CHROMIUM)", allow_module_level=True)
 
-playwright_api = pytest.importorskip("playwright.sync_api")
+playwright_api = require("playwright.sync_api", "test")
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

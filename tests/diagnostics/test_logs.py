@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from extras import require
 
 from trainopt.diagnostics import diagnose
 from trainopt.diagnostics.generate import FITTING, generate_run
@@ -58,7 +59,7 @@ def _trainer_run(cause: str, out: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def trainer_runs(tmp_path_factory) -> dict[str, Path]:
-    pytest.importorskip("transformers", reason="needs transformers (pip install 'trainopt[hf]')")
+    require("transformers", "hf")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from artifacts import record
 from audit import alone_problems, audit, problems_in, run_alone, source_includes, unmarked_dependents
 from trainopt_docs import source_with_imports
 
@@ -157,11 +158,7 @@ def test_each_block_runs_alone_or_says_what_to_run_first(page: str) -> None:
 
 
 def _record_alone(page: str, value: dict) -> None:
-    path = ROOT / "test-artifacts" / "blocks-alone.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[page] = value
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    record("blocks-alone.json", page, value)  # under a lock: see artifacts.py
 
 
 def test_the_alone_check_finds_a_block_that_needs_an_earlier_one(tmp_path: Path) -> None:

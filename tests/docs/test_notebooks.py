@@ -25,12 +25,14 @@ import time
 from pathlib import Path
 
 import pytest
+from artifacts import record
 from audit import blocks
+from extras import require
 from notebooks import NOTEBOOK_PAGES, notebook_for
 from trainopt_reading import code_sha1
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+nbformat = require("nbformat", "test")
+nbclient = require("nbclient", "test")
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -130,8 +132,4 @@ def _masked(text: str) -> list[str]:
 
 
 def _record(page: str, value: dict) -> None:
-    path = ARTIFACTS / "notebooks.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[page] = value
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    record("notebooks.json", page, value)  # both workers run notebooks: under a lock

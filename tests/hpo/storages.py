@@ -7,6 +7,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from extras import in_ci
 
 from trainopt.hpo import open_storage
 
@@ -24,7 +25,7 @@ def storage_urls(stem: str):
             yield f"journal:{tmp_path / f'{stem}.log'}"
         else:
             if not POSTGRES_URL:
-                if os.environ.get("CI"):
+                if in_ci():
                     pytest.fail("CI is set but TRAINOPT_POSTGRES_URL is not: .ci/run must start PostgreSQL")
                 pytest.skip("no PostgreSQL server: set TRAINOPT_POSTGRES_URL (.ci/run starts one)")
             yield POSTGRES_URL

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import warnings
 from pathlib import Path
 
@@ -17,19 +16,21 @@ optuna.logging.set_verbosity(optuna.logging.ERROR)
 X = SearchSpace.from_dict({"x": {"type": "float", "low": 0.0, "high": 1.0}})
 
 
-def _lose_a_trial(study: optuna.Study) -> int:
-    """Claim a trial as a worker would, then let it go silent until it is failed as stale."""
+def _lose_a_trial(study: optuna.Study, clock) -> int:
+    """Claim a trial as a worker would, and let it go silent: the worker clock moves 3 s ahead,
+    past the journal's grace period (twice the heartbeat of 1 s), so the next look fails it."""
     with warnings.catch_warnings(), waiting_trials_only():
         warnings.simplefilter("ignore")  # ask() outside study.optimize on a storage with heartbeats
         lost = study.ask()
-    time.sleep(2.5)  # the journal's grace period: twice the heartbeat of 1 s
+    clock.ahead = 3.0
     return lost.number
 
 
-def test_a_top_up_counts_a_trial_run_again_once(tmp_path: Path) -> None:
+def test_a_top_up_counts_a_trial_run_again_once(tmp_path: Path, time_zone: str, clock) -> None:
     study = create_study("topup", 3, f"journal:{tmp_path / 's.log'}", sampler="random", pruner=None, heartbeat=1)
-    lost = _lose_a_trial(study)
-    assert run_worker(study, X, lambda trial, params: params["x"]) == {"COMPLETE": 3, "PRUNED": 0, "FAIL": 0}
+    lost = _lose_a_trial(study, clock)
+    counts = run_worker(study, X, lambda trial, params: params["x"], timeout=60)  # not waiting forever
+    assert counts == {"COMPLETE": 3, "PRUNED": 0, "FAIL": 0}
     assert [t.state for t in study.trials].count(TrialState.FAIL) == 1 and len(study.trials) == 4
     study = create_study("topup", 5, f"journal:{tmp_path / 's.log'}", sampler="random", pruner=None, heartbeat=1)
     assert run_worker(study, X, lambda trial, params: params["x"])["COMPLETE"] == 2, "the lost one was replaced"

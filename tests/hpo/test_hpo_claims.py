@@ -1,7 +1,8 @@
 """Claims that can't hang, repeat or overrun, in one process: stale trials, seeds, the grid, the cost of a claim.
 
 Issue 22: a trial that never beat is stale 2x the heartbeat after its start (and not at 1.5x), on
-SQLite, the journal file and PostgreSQL (``TRAINOPT_POSTGRES_URL``); a plain ``ask()`` on the
+SQLite, the journal file and PostgreSQL (``TRAINOPT_POSTGRES_URL``), in UTC and in Tokyo, with the
+worker's clock moved forward rather than slept on (issue 31); a plain ``ask()`` on the
 shared study holds no slot forever; resuming draws new points, reproducibly; a worker whose trial
 was taken for dead goes on; the grid caps the budget; a claim costs the same at any budget.
 """
@@ -14,11 +15,13 @@ import os
 import time
 import uuid
 import warnings
+from datetime import timedelta
 from pathlib import Path
 
 import optuna
 import pytest
 import sqlalchemy
+from optuna.storages._rdb import models  # the heartbeat's row, to age it
 from optuna.trial import TrialState
 
 from storages import POSTGRES_URL, storage_urls
@@ -28,6 +31,10 @@ from trainopt.hpo.storage import storage_of, waiting_trials_only
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 X = SearchSpace.from_dict({"x": {"type": "float", "low": 0.0, "high": 1.0}})
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+# A heartbeat of a minute, and the worker's clock moved forward instead of a sleep: the trial is
+# 90 s old (1.5x), then 150 s (2.5x), give or take the test's own run time, which would need to
+# pass 30 s to cross the threshold of 120 s.
+BEAT = 60
 
 
 url = storage_urls("claims")
@@ -37,7 +44,7 @@ def _name() -> str:
     return f"claims-{uuid.uuid4().hex[:8]}"
 
 
-def _state(url: str, name: str, number: int, heartbeat: int) -> TrialState:
+def _state(url: str, name: str, number: int, heartbeat: int = BEAT) -> TrialState:
     """The trial's state after a fresh worker's look for stale trials (a new storage: no look skipped)."""
     study = optuna.load_study(study_name=name, storage=open_storage(url, heartbeat=heartbeat))
     with warnings.catch_warnings():
@@ -46,40 +53,62 @@ def _state(url: str, name: str, number: int, heartbeat: int) -> TrialState:
     return study.get_trials(deepcopy=False)[number].state
 
 
-def test_a_trial_that_never_beat_is_stale_past_twice_the_heartbeat_not_at_one_and_a_half(url: str) -> None:
-    """The grace window on both sides: a threshold of 1x fails at 1.5x, one of 3x at 2.5x."""
+def test_a_trial_that_never_beat_is_stale_past_twice_the_heartbeat_not_at_one_and_a_half(
+        url: str, time_zone: str, clock) -> None:
+    """The grace window on both sides: a threshold of 1x fails at 1.5x, one of 3x at 2.5x; in UTC
+    and in Tokyo (a start read against a UTC clock as local time would be 9 hours off)."""
     name = _name()
-    study = create_study(name, 2, url, sampler="random", pruner=None, heartbeat=2)
+    study = create_study(name, 2, url, sampler="random", pruner=None, heartbeat=BEAT)
     with waiting_trials_only(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ask() outside study.optimize: a worker killed before its first beat
         claimed = study.ask()
-    start = time.monotonic()
-    time.sleep(3.0 - (time.monotonic() - start))
-    assert _state(url, name, claimed.number, 2) == TrialState.RUNNING, "stale at 1.5x the heartbeat"
-    time.sleep(max(0.0, 5.0 - (time.monotonic() - start)))
-    assert _state(url, name, claimed.number, 2) == TrialState.FAIL, "not stale at 2.5x the heartbeat"
+    assert _state(url, name, claimed.number) == TrialState.RUNNING, "stale at once"
+    clock.ahead = 1.5 * BEAT
+    assert _state(url, name, claimed.number) == TrialState.RUNNING, "stale at 1.5x the heartbeat"
+    clock.ahead = 2.5 * BEAT
+    assert _state(url, name, claimed.number) == TrialState.FAIL, "not stale at 2.5x the heartbeat"
     retry = [t for t in study.get_trials(deepcopy=False) if t.system_attrs.get("failed_trial") == claimed.number]
     assert len(retry) == 1 and retry[0].state == TrialState.WAITING, "not queued again"
 
 
-def test_a_trial_silent_after_its_last_beat_is_stale_past_twice_the_heartbeat(tmp_path: Path) -> None:
-    """The same window after a heartbeat on a database (whose clock counts whole seconds on SQLite)."""
-    url, name = f"sqlite:///{tmp_path / 'beat.db'}", _name()
-    study = create_study(name, 1, url, sampler="random", pruner=None, heartbeat=2)
+def _age_the_beat(url: str, study: optuna.Study, trial_id: int, seconds: float, clock) -> None:
+    """Make the trial's last beat ``seconds`` older: a database's beat is on the database's clock
+    (moved back in its row); a journal's is on the worker's clock (moved forward)."""
+    if url.startswith("journal:"):
+        clock.ahead += seconds
+        return
+    session = storage_of(study).scoped_session()
+    try:
+        beat = session.query(models.TrialHeartbeatModel).filter_by(trial_id=trial_id).one()
+        beat.heartbeat = beat.heartbeat - timedelta(seconds=seconds)
+        session.commit()
+    finally:
+        session.close()
+
+
+def test_a_trial_silent_after_its_last_beat_is_stale_past_twice_the_heartbeat(
+        url: str, time_zone: str, clock) -> None:
+    """The same window after a heartbeat (a database's clock counts whole seconds on SQLite): the
+    beat, on the database's clock, is read against that clock, never against the worker's (SQLite
+    keeps UTC: read as Tokyo's local time, a beat would be 9 hours old at once)."""
+    name = _name()
+    study = create_study(name, 1, url, sampler="random", pruner=None, heartbeat=BEAT)
     with waiting_trials_only(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         claimed = study.ask()
+    clock.ahead = 2.5 * BEAT  # the start is old: only the beat keeps the trial alive
     storage = storage_of(study)
-    storage._claimed_at.clear()  # not the claim's own beat, which is skipped: a real one
+    getattr(storage, "_claimed_at", {}).clear()  # a real beat, not the claim's own (skipped)
     storage.record_heartbeat(claimed._trial_id)
-    start = time.monotonic()
-    time.sleep(3.0)
-    assert _state(url, name, claimed.number, 2) == TrialState.RUNNING, "stale at 1.5x the heartbeat"
-    time.sleep(max(0.0, 6.0 - (time.monotonic() - start)))
-    assert _state(url, name, claimed.number, 2) == TrialState.FAIL, "not stale at 3x the heartbeat"
+    assert _state(url, name, claimed.number) == TrialState.RUNNING, "stale right after a beat"
+    _age_the_beat(url, study, claimed._trial_id, 1.5 * BEAT, clock)
+    assert _state(url, name, claimed.number) == TrialState.RUNNING, "stale at 1.5x the heartbeat"
+    _age_the_beat(url, study, claimed._trial_id, 1.5 * BEAT, clock)
+    assert _state(url, name, claimed.number) == TrialState.FAIL, "not stale at 3x the heartbeat"
 
 
-def test_a_plain_ask_on_the_shared_study_holds_no_slot_forever(url: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_plain_ask_on_the_shared_study_holds_no_slot_forever(
+        url: str, time_zone: str, caplog: pytest.LogCaptureFixture) -> None:
     """``optuna.load_study(...).ask()`` with a plain storage takes a trial and never tells it: a fresh
     worker waits for it (naming it), fails it once it is stale, and finishes the budget."""
     name = _name()

@@ -130,7 +130,6 @@ def test_timeout_stops_claiming_and_leaves_the_rest_of_the_budget(tmp_path: Path
     (tmp_path / "slow.py").write_text(SLOW)
     (tmp_path / "slow.yaml").write_text(yaml.safe_dump({**SLOW_CONFIG, "objective": "slow:sleepy"}))
     out = io.StringIO()
-    start = time.monotonic()
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(sys, "stdout", out)
@@ -138,9 +137,11 @@ def test_timeout_stops_claiming_and_leaves_the_rest_of_the_budget(tmp_path: Path
                                       "--no-progress"]) == 0
     finally:
         sys.modules.pop("slow", None)
-    assert time.monotonic() - start < 30  # 40 trials of 0.4 s would take 16 s at least
+    # Each trial sleeps at least 0.4 s, so claims come at 0 s, >= 0.4 s, >= 0.8 s, >= 1.2 s after
+    # the worker's start: within 1 s at most 3, however loaded the machine (load only makes fewer).
+    # A --timeout ignored runs all 40; one counted late (2 s, 10 s) runs 5 or more.
     states = [t.state.name for t in _study(tmp_path, "slow").trials]
-    assert 1 <= states.count("COMPLETE") < 40 and "RUNNING" not in states, states
+    assert 1 <= states.count("COMPLETE") <= 3 and "RUNNING" not in states, states
     assert "--timeout: this worker claimed no trial after 1 s" in out.getvalue()
 
 

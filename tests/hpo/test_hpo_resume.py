@@ -48,9 +48,12 @@ url = storage_urls("resume")
 
 
 def _folder(tmp_path: Path, seed: int = 0) -> Path:
+    """The workers' config. None of their trials is meant to go stale: a heartbeat of 30 s means a
+    worker starved by load for a minute, not for 2 s, before another takes its trial for dead
+    (which would add a trial and break the counts)."""
     (tmp_path / "resume_objective.py").write_text(OBJECTIVE)
     config = {"objective": "resume_objective:objective",
-              "study": {"name": "resume", "sampler": "random", "pruner": None, "seed": seed, "heartbeat": 1},
+              "study": {"name": "resume", "sampler": "random", "pruner": None, "seed": seed, "heartbeat": 30},
               "search_space": {"x": {"type": "float", "low": 0.0, "high": 1.0}}}
     (tmp_path / "resume.yaml").write_text(yaml.safe_dump(config))
     return tmp_path

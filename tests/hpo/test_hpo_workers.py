@@ -22,6 +22,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from extras import in_ci
 from optuna.exceptions import ExperimentalWarning
 from optuna.trial import TrialState
 
@@ -72,10 +73,12 @@ def meet_the_other_workers():
         time.sleep(0.05)
 '''
 
+# A heartbeat of 5 s: a live worker is taken for dead only if load starves it for 10 s (at 2 s,
+# a 4 s stall added a trial); the killed worker's trial fails 10 s after its last beat.
 CONFIG = {
     "objective": "tuning_objective:objective",
     "study": {"name": "workers", "sampler": "random", "pruner": "median", "prune_after": 0, "seed": 0,
-              "heartbeat": 2},
+              "heartbeat": 5},
     "fixed": {"steps": 5, "seconds_per_step": 0.1},
     "search_space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
 }
@@ -91,7 +94,7 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path):
         yield f"journal:{tmp_path / 'study.log'}", names
     else:
         if not POSTGRES_URL:
-            if os.environ.get("CI"):
+            if in_ci():
                 pytest.fail("CI is set but TRAINOPT_POSTGRES_URL is not: .ci/run must start PostgreSQL")
             pytest.skip("no PostgreSQL server: set TRAINOPT_POSTGRES_URL (.ci/run starts one)")
         yield POSTGRES_URL, names

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from itertools import count
 
 import pytest
 import torch
+from extras import require
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -126,8 +126,7 @@ def test_missing_tensorboard_warns_and_keeps_jsonl(tmp_path, monkeypatch):
 
 
 def test_tensorboard_writes_event_files(clock, tmp_path):
-    if not os.environ.get("CI"):  # the test extra installs tensorboard: in CI this never skips
-        pytest.importorskip("tensorboard")
+    require("tensorboard", "test")
     monitor = ThroughputMonitor(tokens_per_step=10, log_every=2, tensorboard_dir=tmp_path)
     for _ in range(3):
         monitor.step()

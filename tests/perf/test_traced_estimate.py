@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from extras import require
 
 from trainopt.models import GPT, gpt_config
 from trainopt.perf.bench.estimates import (
@@ -35,7 +36,7 @@ SETTINGS = [("fp32", "adamw", False), ("bf16", "adamw", True), ("fp32", "sgd", T
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request):
     if request.param == "hf-gpt2":
-        pytest.importorskip("transformers", reason="needs transformers (pip install 'trainopt[hf]')")
+        require("transformers", "hf")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield FAMILIES[request.param]()
@@ -57,7 +58,7 @@ def test_checkpointing_the_blocks_lowers_the_estimate_as_it_lowers_the_peak():
 
 
 def test_the_models_own_checkpointing_is_honoured():
-    pytest.importorskip("transformers", reason="needs transformers (pip install 'trainopt[hf]')")
+    require("transformers", "hf")
     family = hf_gpt2_family()
     stored = estimate_step_memory(family.model, family.batch, optimizer="sgd").peak
     enable = getattr(family.model, "activation_checkpointing_enable", None)  # transformers >= 5.x
@@ -134,7 +135,7 @@ def test_the_committed_table_holds_every_family_within_5_percent():
 @pytest.mark.parametrize("name", ["gpt", "hf-gpt2"])
 def test_estimate_is_the_peak_cuda_measures_within_5_percent(name):
     if name == "hf-gpt2":
-        pytest.importorskip("transformers", reason="needs transformers (pip install 'trainopt[hf]')")
+        require("transformers", "hf")
     torch.manual_seed(0)
     if name == "gpt":
         model = GPT(gpt_config("124m")).cuda()

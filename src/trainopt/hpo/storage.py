@@ -25,7 +25,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,18 @@ from trainopt.hpo.space import _config_error
 
 MAX_RETRIES = 2
 """How many times a trial whose worker died is queued again (its params kept); then it stays FAIL."""
+
+
+def _now() -> datetime:
+    """This worker's clock, aware and in UTC: what a trial's start and a journal's beats are read
+    against (a test moves it forward instead of sleeping)."""
+    return datetime.now(timezone.utc)
+
+
+def _utc(moment: datetime) -> datetime:
+    """``moment`` aware, in UTC. Optuna gives a trial's ``datetime_start`` naive, in this
+    process's local time (whatever the storage keeps), so a naive datetime is read as local."""
+    return moment.astimezone(timezone.utc)
 
 class _ExactBudget:
     """Mixed into Optuna's storages by :func:`open_storage` (see the module docstring)."""
@@ -124,9 +136,13 @@ class _RDBStorage(_ExactBudget, optuna.storages.RDBStorage):
             now = session.execute(sqlalchemy.func.now()).scalar().replace(tzinfo=None)  # the beats' clock
             running = (session.query(trial, beat.heartbeat).outerjoin(beat, beat.trial_id == trial.trial_id)
                        .filter(trial.study_id == study_id, trial.state == TrialState.RUNNING).all())
-            local = datetime.now()  # the clock of datetime_start (local time): the claiming worker's
+            # A beat is the database's clock, read against that clock; a start is a worker's,
+            # read against this worker's (never the one against the other: the database's is
+            # UTC on SQLite and its session's time zone on PostgreSQL), both in UTC.
+            local = _now()
             stale = [t.trial_id for t, last in running
-                     if (now - last if last is not None else local - t.datetime_start) > grace]
+                     if (now - last if last is not None else local - _utc(t.datetime_start))
+                     > grace]
             session.commit()
         finally:
             session.close()
@@ -167,17 +183,18 @@ class _JournalStorage(_ExactBudget, optuna.storages.JournalStorage, BaseHeartbea
 
     def record_heartbeat(self, trial_id: int) -> None:
         try:
-            self.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
+            self.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, _now().timestamp())
         except UpdateFinishedTrialError:
             pass  # another worker failed the trial as stale meanwhile; its tell will say so
 
     def _get_stale_trial_ids(self, study_id: int) -> list[int]:
         assert self.heartbeat_interval is not None
-        now, stale = time.time(), []
+        now, stale = _now().timestamp(), []
         for trial in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
             # a trial that never beat counts from its claim; a retried one copies its
-            # predecessor's attributes, so its claim counts too
-            last = max(trial.system_attrs.get(HEARTBEAT_ATTR, 0.0), trial.datetime_start.timestamp())
+            # predecessor's attributes, so its claim counts too (seconds since the epoch: UTC)
+            start = _utc(trial.datetime_start).timestamp()
+            last = max(trial.system_attrs.get(HEARTBEAT_ATTR, 0.0), start)
             if now - last > 2 * self.heartbeat_interval:
                 stale.append(trial._trial_id)
         return stale

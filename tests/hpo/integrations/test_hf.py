@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import optuna
-import pytest
+from extras import require
 from optuna.trial import TrialState
 
-pytest.importorskip("transformers", reason="needs trainopt[hf]")
+require("transformers", "hf")
 
 from trainopt.hpo import load_hpo_config, open_storage  # noqa: E402
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
+from extras import require
 
-pytest.importorskip("accelerate", reason="needs trainopt[hf]")
+require("accelerate", "hf")
 
 from trainopt.stability.integrations.checks import accelerate_run  # noqa: E402
 

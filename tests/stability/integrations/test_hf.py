@@ -12,8 +12,9 @@ import types
 
 import pytest
 import torch
+from extras import require
 
-pytest.importorskip("transformers", reason="needs trainopt[hf]")
+require("transformers", "hf")
 
 from trainopt.stability.integrations.checks import hf_run  # noqa: E402
 

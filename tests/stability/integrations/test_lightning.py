@@ -6,10 +6,10 @@ under ``gradient_clip_val``, which the guard takes over, and the clipping it can
 
 from __future__ import annotations
 
-import pytest
 import torch
+from extras import require
 
-pytest.importorskip("lightning", reason="needs trainopt[lightning]")
+require("lightning", "lightning")
 
 from trainopt.stability.integrations.checks import lightning_run  # noqa: E402
 
