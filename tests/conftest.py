@@ -73,7 +73,6 @@ def wheel_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     (the notebook tests' kernel). Without it (no package index in reach) the tests that need it
     skip, and fail under CI.
     """
-    import os
     import shutil
 
     import torch
