@@ -8,7 +8,10 @@
 - ``schedules`` and ``stability`` import no optuna, matplotlib or sphinx when imported;
 - nothing in ``src/`` imports ``docs/`` or ``tests/``;
 - a page draws its includes and examples from its own package, the shared ones, and the few
-  packages its entry in :data:`PAGES` names.
+  packages its entry in :data:`PAGES` names; its figures and tables may come from its section of
+  the site's workshop (``trainopt_site.<section>``, in ``docs/_lib``, not in the wheel);
+- a page's usage blocks import only ``trainopt`` (the wheel a reader installs), never the workshop;
+- the workshop is laid out like the library: ``trainopt_site.<section>`` for a section package.
 """
 
 from __future__ import annotations
@@ -48,13 +51,16 @@ PAGES = {
         "trainopt.stability", "trainopt.schedules",  # the complete recipe warms up and decays
         "trainopt.perf.bench"),  # "What it costs" is the benchmark harness's stability run
     "guides/training-optimization/hyperparameter-optimization.md": (
-        "trainopt.hpo", "trainopt.schedules"),  # the LR range test seeds the search range
+        "trainopt.hpo", "trainopt.schedules",  # the LR range test seeds the search range
+        "trainopt_site.hpo"),  # the overhead table
     "guides/training-optimization/index.md": (),
     "guides/training-optimization/use-with-your-trainer.md": (
         "trainopt.stability", "trainopt.hpo"),  # integrations; tuning a Trainer run
     "guides/troubleshooting.md": (  # the fixes point into every section
-        "trainopt.diagnostics", "trainopt.schedules", "trainopt.stability", "trainopt.perf"),
-    "concepts/optimization.md": ("trainopt.concepts",),
+        "trainopt.diagnostics", "trainopt.schedules", "trainopt.stability", "trainopt.perf",
+        "trainopt_site.diagnostics"),  # the recorder of its runs, its figures and tables
+    "concepts/optimization.md": (
+        "trainopt.concepts", "trainopt_site.concepts"),  # the figures
     "advanced/performance/index.md": (),
     "advanced/performance/compilation.md": ("trainopt.perf",),
     "advanced/performance/mixed-precision.md": (
@@ -233,3 +239,38 @@ def test_page_map_rejects_an_import_it_does_not_list() -> None:
     text = "```python\nfrom trainopt.hpo import tune\n```\n"
     assert _page_targets(text) == ["trainopt.hpo"]
     assert not any("trainopt.hpo".startswith(a) for a in PAGES["concepts/optimization.md"] + SHARED)
+
+
+def _page_imports(text: str) -> list[str]:
+    """Every module a page's blocks import (its usage blocks, which a reader copies)."""
+    found = re.findall(r"^\s*(?:>>> |\.\.\. )?from ([\w.]+) import", text, flags=re.M)
+    return found + re.findall(r"^\s*(?:>>> |\.\.\. )?import ([\w.]+)", text, flags=re.M)
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_usage_blocks_import_only_the_wheel(page: str) -> None:
+    imported = _page_imports((DOCS / page).read_text())
+    workshop = sorted({m for m in imported if m.split(".")[0] == "trainopt_site"})
+    assert not workshop, f"{page}: a usage block imports the workshop, not in the wheel: {workshop}"
+
+
+def test_usage_block_rule_rejects_a_workshop_import() -> None:
+    text = "```python\nfrom trainopt_site.concepts.demos import warmup_figure\n```\n"
+    assert _page_imports(text) == ["trainopt_site.concepts.demos"]
+    figure = "```{trainopt-figure} trainopt_site.concepts.demos.warmup_figure\n```\n"
+    assert _page_targets(figure) == ["trainopt_site.concepts.demos"]
+    assert not any("trainopt_site.concepts".startswith(a) for a in PAGES["guides/troubleshooting.md"])
+
+
+WORKSHOP = DOCS / "_lib" / "trainopt_site"
+
+
+def test_the_workshop_is_laid_out_like_the_library() -> None:
+    sections = {p.parent.name for p in WORKSHOP.glob("*/__init__.py")}
+    stray = sorted(s for s in sections if f"trainopt.{s}" not in RANK)
+    assert not stray, f"workshop packages with no section package of the same name: {stray}"
+    loose = sorted(p.name for p in WORKSHOP.glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"workshop modules outside a section's subpackage: {loose}"
+    undocumented = sorted(p.parent.name for p in WORKSHOP.glob("*/__init__.py")
+                          if not ast.get_docstring(ast.parse(p.read_text())))
+    assert not undocumented, f"workshop packages with no docstring naming their page: {undocumented}"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import matplotlib.figure
 
-from trainopt.concepts.demos import bias_correction_figure, train_digits_adam, warmup_figure
+from trainopt.concepts import train_digits_adam
+from trainopt_site.concepts.demos import bias_correction_figure, warmup_figure
 
 
 def test_training_is_reproducible_for_a_seed() -> None:

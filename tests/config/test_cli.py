@@ -12,6 +12,7 @@ from trainopt.config import ConfigError
 from trainopt.config.cli import ArgumentParser, UsageError, error_line, run_command
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "trainopt"
+WORKSHOP = Path(__file__).resolve().parents[2] / "docs" / "_lib" / "trainopt_site"
 
 
 def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -73,8 +74,8 @@ def test_a_bug_keeps_its_traceback() -> None:
     (["-m", "trainopt.data", "a", "b"], "b"),
     (["-m", "trainopt.stability.faults"], "--out"),
     (["-m", "trainopt.stability.faults", "--out", "x.json", "--steps", "0"], "--steps"),
-    (["-m", "trainopt.diagnostics.runs", "--out", "runs", "--faults", "nope"], "--faults"),
-    (["-m", "trainopt.diagnostics.runs", "--out", "runs", "--steps", "x"], "--steps"),
+    (["-m", "trainopt_site.diagnostics.runs", "--out", "runs", "--faults", "nope"], "--faults"),
+    (["-m", "trainopt_site.diagnostics.runs", "--out", "runs", "--steps", "x"], "--steps"),
     (["-m", "trainopt.perf.distributed"], "--out/--equivalence"),
     (["-m", "trainopt.perf.distributed", "--out", "x.json", "--nprocs", "0"], "--nprocs"),
 ])
@@ -89,9 +90,9 @@ def test_data_command_prints_a_shipped_file(tmp_path: Path) -> None:
 
 def test_every_command_runs_through_run_command() -> None:
     """Each ``__main__`` block and ``__main__.py`` of the package goes through ``run_command``."""
-    entry_points = [p for p in SRC.rglob("*.py")
+    entry_points = [p for root in (SRC, WORKSHOP) for p in root.rglob("*.py")
                     if p.name == "__main__.py" or 'if __name__ == "__main__":' in p.read_text()]
     assert len(entry_points) >= 6
-    missing = [str(p.relative_to(SRC)) for p in entry_points
+    missing = [str(p.relative_to(SRC.parents[1])) for p in entry_points
                if "run_command(" not in p.read_text() and "trainopt.config.cli import main" not in p.read_text()]
     assert not missing, f"commands that do not report mistakes through run_command: {missing}"

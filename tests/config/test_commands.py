@@ -1,7 +1,8 @@
 """Every command line of trainopt, every option, given a bad value: one line on stderr, status 2.
 
-The commands are found, not listed: every module under ``src/trainopt`` with a ``main(argv)`` that
-builds a :class:`trainopt.config.cli.ArgumentParser`. Their options are read from the parsers
+The commands are found, not listed: every module under ``src/trainopt`` (and the site's workshop,
+``docs/_lib/trainopt_site``) with a ``main(argv)`` that builds a
+:class:`trainopt.config.cli.ArgumentParser`. Their options are read from the parsers
 themselves (sub-commands included), so a new option is tested the day it is added. A bad value
 must be refused while the arguments are read or checked, before any work starts: the command
 runs in-process, and a mistake found after training would show as a slow test and a traceback.
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 import trainopt
+import trainopt_site
 from trainopt.config import cli
 from trainopt.config.cli import output_file, output_folder, run_command
 
@@ -43,7 +45,8 @@ def _commands() -> dict[str, tuple[object, argparse.ArgumentParser]]:
 
     cli.ArgumentParser.parse_args = grab
     try:
-        for info in pkgutil.walk_packages(trainopt.__path__, prefix="trainopt."):
+        for info in [*pkgutil.walk_packages(trainopt.__path__, prefix="trainopt."),
+                     *pkgutil.walk_packages(trainopt_site.__path__, prefix="trainopt_site.")]:
             if info.name.endswith(".__main__") and info.name != "trainopt.data.__main__":
                 continue  # the others only call the main of a module found here
             module = importlib.import_module(info.name)
@@ -153,7 +156,7 @@ def _run(main: object, argv: list[str]) -> tuple[int, str, str]:
 
 
 def test_every_command_is_found() -> None:
-    assert {"trainopt.data.__main__", "trainopt.hpo.cli", "trainopt.diagnostics.runs",
+    assert {"trainopt.data.__main__", "trainopt.hpo.cli", "trainopt_site.diagnostics.runs",
             "trainopt.stability.recipe", "trainopt.perf.bench.cli", "trainopt.perf.distributed.cli"} <= set(COMMANDS)
 
 
@@ -210,16 +213,16 @@ def _subparsers(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -
 # The five tracebacks of issue 23, as a reader types them: each is one line, status 2.
 ISSUE_23 = [
     ["-m", "trainopt.stability.recipe", "--checkpoint-dir", "ckpt", "--steps", "5", "--out", "a-file/w.pt"],
-    ["-m", "trainopt.diagnostics.runs", "--out", "a-file"],
+    ["-m", "trainopt_site.diagnostics.runs", "--out", "a-file"],
     ["-m", "trainopt.hpo", str(ROOT / "src/trainopt/data/hpo_digits.yaml"), "--n-trials", "1", "--device", "tpu"],
-    ["-m", "trainopt.diagnostics.runs", "--out", "runs", "--device", "tpu"],
+    ["-m", "trainopt_site.diagnostics.runs", "--out", "runs", "--device", "tpu"],
 ]
 
 
 @pytest.mark.parametrize("argv", ISSUE_23, ids=lambda argv: " ".join(argv[1:3] + argv[-2:]))
 def test_the_commands_of_issue_23_print_one_line(argv: list[str], tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("in the way\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "docs" / "_lib")])}
     result = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=tmp_path, env=env,
                             timeout=120)
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]

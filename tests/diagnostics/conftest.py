@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainopt.diagnostics.generate import RunSpec, generate_run, run_grid
+from trainopt.diagnostics import generate_run
+from trainopt_site.diagnostics.generate import RunSpec, run_grid
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from trainopt.data import path
 from trainopt.diagnostics.advice import ADVICE, AFTER_BLOW_UP, BESIDE_BLOW_UP, EARLY
 from trainopt.diagnostics.records import load_records
 from trainopt.diagnostics.symptoms import DEFAULTS, SYMPTOMS, Finding, diagnose
-from trainopt.diagnostics.runs import FAULTS
+from trainopt_site.diagnostics.runs import FAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = path("runs")

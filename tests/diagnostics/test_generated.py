@@ -12,8 +12,9 @@ import pytest
 
 from trainopt.diagnostics import diagnose
 from trainopt.diagnostics.findings import BLOW_UPS
-from trainopt.diagnostics.generate import CAUSES, FITTING, OPTIMIZERS, SETTINGS, RunSpec, generate_run
+from trainopt.diagnostics.known_causes import CAUSES, OPTIMIZERS, SETTINGS, generate_run
 from trainopt.schedules import cosine_annealing
+from trainopt_site.diagnostics.generate import FITTING, RunSpec
 
 HIT_RATE = 0.9
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 from extras import require
 
-from trainopt.diagnostics import diagnose
-from trainopt.diagnostics.generate import FITTING, generate_run
+from trainopt.diagnostics import diagnose, generate_run
 from trainopt.diagnostics.logs import canonical_name, log_format, read_log
+from trainopt_site.diagnostics.generate import FITTING
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "guides" / "troubleshooting.md"

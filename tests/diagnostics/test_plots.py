@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import pytest
 from matplotlib.text import Text
 
-from trainopt.diagnostics.plots import blow_up_diagnosis, blow_up_figure, runs_figure
+from trainopt_site.diagnostics.plots import blow_up_diagnosis, blow_up_figure, runs_figure
 
 COLUMN_PX, DPI, MIN_PX = 700, 110, 9.0  # the site saves figures at 110 dpi, bbox "tight"
 

@@ -2,7 +2,8 @@
 
 - :mod:`~trainopt.concepts.rules`: SGD, RMSProp, Adam and AdamW steps, global-norm clipping,
   loss scaling and a warm-up cosine schedule, each checked against ``torch.optim`` in the tests.
-- :mod:`~trainopt.concepts.demos`: the page's experiments and figures (a demonstration).
+- :mod:`~trainopt.concepts.training`: Adam on the digits MLP under warm-up and cosine decay, the
+  page's training runs (:func:`~trainopt.concepts.training.train_digits_adam`).
 - :mod:`~trainopt.concepts.mup`: μP for the project's GPT, and the page's width sweep of the learning rate.
 """
 
@@ -21,9 +22,10 @@ from trainopt.concepts.rules import (
     unscale_gradients,
     warmup_cosine_lr,
 )
+from trainopt.concepts.training import train_digits_adam
 
 __all__ = [
     "AdamState", "RMSPropState", "SGDState", "adam_step_size_factor", "adam_update", "adamw_update",
     "clip_by_global_norm", "next_loss_scale", "rmsprop_update", "scale_loss", "sgd_update",
-    "unscale_gradients", "warmup_cosine_lr",
+    "train_digits_adam", "unscale_gradients", "warmup_cosine_lr",
 ]

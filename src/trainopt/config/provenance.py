@@ -1,9 +1,9 @@
 """Where a results file came from: the commit of the code that ran, and whether it was changed.
 
-Every command that records numbers for the pages (``python -m trainopt.perf.bench``,
-``python -m trainopt.hpo.overhead``, ``python -m trainopt.stability.corpus``) labels them with
-:func:`git_state`, so a table can say which code made it and a reader can tell a clean run from a
-run of uncommitted changes.
+The benchmark harness (``python -m trainopt.perf.bench``, which a reader runs on their own work)
+labels every results file with :func:`git_state`, so a table can say which code made it and a
+reader can tell a clean run from a run of uncommitted changes. The site's workshop
+(``trainopt_site``: the overhead runs, the corpora) labels its results files the same way.
 """
 
 from __future__ import annotations

@@ -13,14 +13,17 @@
   ``trainer_state.json``, TensorBoard events, CSV and JSON Lines with named columns); imported
   when ``diagnose`` is given a path, never here. ``python -m trainopt.diagnostics PATH``
   (:mod:`~trainopt.diagnostics.cli`) prints the findings of a log.
-- :mod:`~trainopt.diagnostics.generate`: fresh training runs with a known cause, the runs
-  ``diagnose`` is tested on.
-- :mod:`~trainopt.diagnostics.runs` and :mod:`~trainopt.diagnostics.plots`: the recorded runs of
-  the troubleshooting page, and its figures and tables (demonstrations).
+- :mod:`~trainopt.diagnostics.known_causes`:
+  :func:`~trainopt.diagnostics.known_causes.generate_run`, a training run with a known cause of
+  trouble, to see what ``diagnose`` says of it and what a fix does.
+
+The recorder of the runs the page ships (in :mod:`trainopt.data`), and the page's figures and
+tables, are the site's workshop (``trainopt_site.diagnostics``, beside the pages), not part of
+this package.
 """
 
 from trainopt.diagnostics.findings import SYMPTOMS, Finding
-from trainopt.diagnostics.generate import generate_run
+from trainopt.diagnostics.known_causes import generate_run
 from trainopt.diagnostics.records import load_records
 from trainopt.diagnostics.symptoms import diagnose
 

@@ -1,11 +1,11 @@
-"""Fresh training runs with a known cause: the runs :func:`~trainopt.diagnostics.diagnose` is proven on.
+"""Training runs with a known cause of trouble, to see what ``diagnose`` says of them.
 
-The troubleshooting page's recorded runs (:mod:`~trainopt.diagnostics.runs`) were there while
-``diagnose`` was written. These are generated on demand, with other seeds, model widths and
-optimizers, and with faults as they happen in practice. Each trains :func:`trainopt.models.digits_mlp`
-on scikit-learn's digits for a few hundred steps on one CPU thread (well under a second) and
-logs ``step``, ``loss``, ``grad_norm`` (before any clipping) and ``lr``: what the page asks a
-user to log.
+:func:`generate_run` trains :func:`trainopt.models.digits_mlp` on scikit-learn's digits for a few
+hundred steps on one CPU thread (well under a second) with one cause of trouble, and logs
+``step``, ``loss``, ``grad_norm`` (before any clipping) and ``lr``: what the troubleshooting page
+asks a user to log. The page diagnoses these runs and shows each fix on them; the tests prove
+``diagnose`` on a grid of them (other seeds, widths and optimizers than the runs it was written
+on).
 
 The causes, with SGD (momentum 0.9; healthy at lr 0.05) or AdamW (healthy at lr 1e-3):
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,16 +38,6 @@ CAUSES = ("healthy", "lr_too_high", "lr_too_low", "gradient_spike", "nan_sample"
 OPTIMIZERS = ("sgd", "adamw")
 """SGD with momentum, and AdamW."""
 
-FITTING: dict[str, frozenset[str]] = {
-    "healthy": frozenset(),
-    "lr_too_high": frozenset({"loss_explosion", "gradient_explosion", "diverging", "nan_inf"}),
-    "lr_too_low": frozenset({"plateau", "slow_convergence"}),
-    "gradient_spike": frozenset({"gradient_explosion", "loss_explosion"}),
-    "nan_sample": frozenset({"nan_inf"}),
-    "high_momentum": frozenset({"oscillating", "diverging", "loss_explosion", "gradient_explosion"}),
-}
-"""For each cause, the symptoms whose advice fits it: the first finding should be one of them."""
-
 HEALTHY = {"sgd": (0.05, 0.9), "adamw": (1e-3, None)}
 SETTINGS: dict[tuple[str, str], tuple[float, float | None]] = {
     **{(cause, opt): HEALTHY[opt] for cause in ("healthy", "gradient_spike", "nan_sample") for opt in OPTIMIZERS},
@@ -56,33 +46,6 @@ SETTINGS: dict[tuple[str, str], tuple[float, float | None]] = {
     ("high_momentum", "sgd"): (0.02, 0.99),
 }
 """``(cause, optimizer) -> (learning rate, SGD momentum)``: the combinations that are generated."""
-
-
-class RunSpec(NamedTuple):
-    """One generated run: its cause, optimizer, hidden width and seed.
-
-    Example:
-        >>> from trainopt.diagnostics.generate import RunSpec
-        >>> RunSpec("lr_too_high", "sgd", 128, 0).cause
-        'lr_too_high'
-    """
-
-    cause: str
-    optimizer: str
-    hidden: int
-    seed: int
-
-
-def run_grid(seeds: tuple[int, ...] = (0, 1, 2), widths: tuple[int, ...] = (32, 128)) -> list[RunSpec]:
-    """Every cause with every optimizer it applies to, on each seed and hidden width.
-
-    Example:
-        >>> from trainopt.diagnostics.generate import run_grid
-        >>> grid = run_grid()
-        >>> len(grid), sum(spec.cause == "healthy" for spec in grid)
-        (66, 12)
-    """
-    return [RunSpec(cause, opt, hidden, seed) for (cause, opt) in SETTINGS for hidden in widths for seed in seeds]
 
 
 def _fault_step(seed: int, steps: int) -> int:
@@ -115,7 +78,7 @@ def generate_run(
 
     Example:
         >>> from functools import partial
-        >>> from trainopt.diagnostics.generate import generate_run
+        >>> from trainopt.diagnostics import generate_run
         >>> from trainopt.schedules import cosine_annealing
         >>> records = generate_run("lr_too_high", "sgd", steps=12)
         >>> sorted(records[0]), records[0]["loss"] < 2.5 < max(r["loss"] for r in records)

@@ -1,7 +1,8 @@
-"""Experiments and build-time figures of the concepts page (docs/concepts/optimization.md).
+"""Build-time figures of the concepts page (docs/concepts/optimization.md).
 
-- :func:`train_digits_adam` — per-step losses of Adam on the digits MLP under linear warm-up
-  and cosine decay (:func:`trainopt.concepts.rules.warmup_cosine_lr`).
+The page's training runs are :func:`trainopt.concepts.train_digits_adam` (in the library: the
+page's examples call it).
+
 - :func:`bias_correction_figure` — how far uncorrected Adam's steps are from corrected ones.
 - :func:`warmup_figure` — the schedule, and the early losses of Adam with and without warm-up.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from trainopt.concepts.rules import (
     AdamState,
@@ -19,50 +19,7 @@ from trainopt.concepts.rules import (
     adam_update,
     warmup_cosine_lr,
 )
-from trainopt.models import digits_data, digits_mlp
-
-
-def train_digits_adam(
-    lr: float, warmup_steps: int = 0, steps: int = 50, total_steps: int = 200, depth: int = 6,
-    batch_size: int = 64, seed: int = 0,
-) -> list[float]:
-    """Train the digits MLP with ``torch.optim.Adam`` for ``steps`` steps; return each step's loss.
-
-    The learning rate follows :func:`~trainopt.concepts.rules.warmup_cosine_lr` with peak ``lr`` over
-    ``total_steps``; ``warmup_steps=0`` starts at the peak. ``depth`` hidden layers (6 by
-    default: deeper nets show Adam's early instability more clearly).
-
-    Example:
-        >>> from trainopt.concepts.demos import train_digits_adam
-        >>> losses = train_digits_adam(lr=1e-3, steps=20)
-        >>> len(losses), losses[-1] < losses[0]
-        (20, True)
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: one thread is fastest, and the losses reproducible
-    try:
-        return _train_digits_adam(lr, warmup_steps, steps, total_steps, depth, batch_size, seed)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _train_digits_adam(lr: float, warmup_steps: int, steps: int, total_steps: int, depth: int,
-                       batch_size: int, seed: int) -> list[float]:
-    x, y, _, _ = digits_data()
-    model = digits_mlp(depth=depth, seed=seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    generator = torch.Generator().manual_seed(seed)
-    losses = []
-    for step in range(steps):
-        for group in optimizer.param_groups:
-            group["lr"] = warmup_cosine_lr(step, max_lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
-        idx = torch.randint(0, len(x), (batch_size,), generator=generator)
-        loss = F.cross_entropy(model(x[idx]), y[idx])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach())
-    return torch.stack(losses).tolist()
+from trainopt.concepts.training import train_digits_adam
 
 
 def bias_correction_figure(steps: int = 200, seed: int = 0) -> Any:
@@ -70,7 +27,7 @@ def bias_correction_figure(steps: int = 200, seed: int = 0) -> Any:
     Right: step sizes of Adam with and without bias correction on a noisy gradient.
 
     Example:
-        >>> from trainopt.concepts.demos import bias_correction_figure
+        >>> from trainopt_site.concepts.demos import bias_correction_figure
         >>> len(bias_correction_figure(steps=20).axes)
         2
     """
@@ -107,7 +64,7 @@ def warmup_figure(lr: float = 0.03, warmup_steps: int = 50, steps: int = 60, tot
     """Left: the learning rate with and without warm-up. Right: Adam's losses in the first steps.
 
     Example:
-        >>> from trainopt.concepts.demos import warmup_figure
+        >>> from trainopt_site.concepts.demos import warmup_figure
         >>> len(warmup_figure(steps=5).axes)
         2
     """

@@ -16,7 +16,8 @@ per run; ``healthy`` injects none. The faults:
 - ``slow_training``: from mid-run, batches jittered pixel by pixel in a Python loop
 - ``comm_overhead``: gradients all-reduced one small message at a time (a 1-process gloo group)
 
-Write them all with ``python -m trainopt.diagnostics.runs --out src/trainopt/data/runs`` (from a clone).
+Write them all with ``python -m trainopt_site.diagnostics.runs --out src/trainopt/data/runs`` (from a
+clone of the repository, in its development environment).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def record_run(
     start + ``memory_budget_mb`` (a budget, like a container's limit).
 
     Example:
-        >>> from trainopt.diagnostics.runs import record_run
+        >>> from trainopt_site.diagnostics.runs import record_run
         >>> records = record_run("healthy", steps=5)
         >>> len(records), sorted(records[0])[:4]
         (5, ['comm_time', 'grad_norm', 'loss', 'lr'])
@@ -206,7 +207,7 @@ def write_jsonl(records: list[dict[str, Any]], path: str | Path) -> Path:
     """Write records as JSON Lines, floats to 7 significant digits (non-finite as ``NaN`` / ``Infinity``).
 
     Example:
-        >>> from trainopt.diagnostics.runs import write_jsonl
+        >>> from trainopt_site.diagnostics.runs import write_jsonl
         >>> import tempfile, os
         >>> path = write_jsonl([{"step": 0, "loss": 2.302585093}], os.path.join(tempfile.mkdtemp(),
         ...                                                                     "r.jsonl"))
@@ -224,13 +225,13 @@ def main(argv: list[str] | None = None) -> None:
     """Command line: record the runs of ``--faults`` (all by default) as ``<out>/<fault>.jsonl``.
 
     Example:
-        >>> from trainopt.diagnostics.runs import main
+        >>> from trainopt_site.diagnostics.runs import main
         >>> import tempfile
         >>> main(["--out", tempfile.mkdtemp(), "--steps", "3",
         ...       "--faults", "plateau"])  # doctest: +ELLIPSIS
         wrote .../plateau.jsonl
     """
-    parser = ArgumentParser(prog="python -m trainopt.diagnostics.runs", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m trainopt_site.diagnostics.runs", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=output_folder, required=True, help="folder for the <fault>.jsonl files")
     parser.add_argument("--steps", type=positive_int, default=300, help="training steps of each run (default 300)")
     parser.add_argument("--device", type=device, default="cpu", help="cpu, cuda or cuda:N (default cpu)")

@@ -1,5 +1,7 @@
-"""What a trainopt study costs per trial, against plain Optuna: ``python -m trainopt.hpo.overhead``.
+"""What a trainopt study costs per trial, against plain Optuna: the hyperparameter page's evidence.
 
+``python -m trainopt_site.hpo.overhead`` measures it, from a clone in its development
+environment.
 Both sides run the same trivial objective (one float suggested, and returned) with the same
 sampler (random: it reads no trials), so that what is timed is the framework: claiming a trial,
 recording its parameter and its value, and for trainopt its budget, heartbeat and worker
@@ -11,7 +13,7 @@ alternate, so a busy machine slows both). The "flat" column compares the last te
 trials with the first: a claim that read every trial left to run would grow with ``N``.
 
 The results file has the shape of the benchmark results (``schema``, ``kind``, ``meta``):
-``python -m trainopt.hpo.overhead --trials 200 1000 --out docs/_data/hpo_overhead_cpu.json``
+``python -m trainopt_site.hpo.overhead --trials 200 1000 --out docs/_data/hpo_overhead_cpu.json``
 writes the file the page's table renders (:func:`render_overhead`).
 """
 
@@ -66,7 +68,7 @@ def run_plain(url: str, n_trials: int) -> tuple[float, float, float]:
 
     Example:
         >>> import tempfile
-        >>> from trainopt.hpo.overhead import run_plain
+        >>> from trainopt_site.hpo.overhead import run_plain
         >>> all(seconds > 0 for seconds in run_plain(f"sqlite:///{tempfile.mkdtemp()}/p.db", 4))
         True
     """
@@ -81,7 +83,7 @@ def run_trainopt(url: str, n_trials: int) -> tuple[float, float, float]:
 
     Example:
         >>> import tempfile
-        >>> from trainopt.hpo.overhead import run_trainopt
+        >>> from trainopt_site.hpo.overhead import run_trainopt
         >>> all(seconds > 0 for seconds in run_trainopt(f"sqlite:///{tempfile.mkdtemp()}/t.db", 4))
         True
     """
@@ -96,7 +98,7 @@ def measure(url: str, n_trials: int, repeats: int = 3) -> dict[str, Any]:
 
     Example:
         >>> import tempfile
-        >>> from trainopt.hpo.overhead import measure
+        >>> from trainopt_site.hpo.overhead import measure
         >>> row = measure(f"sqlite:///{tempfile.mkdtemp()}/o.db", 12, repeats=1)
         >>> row["n_trials"], row["plain_s"] > 0, row["ratio"] == row["trainopt_s"] / row["plain_s"]
         (12, True, True)
@@ -134,7 +136,7 @@ def run(sizes: Sequence[int], storages: dict[str, str], repeats: int = 3, comman
 
     Example:
         >>> import tempfile
-        >>> from trainopt.hpo.overhead import run
+        >>> from trainopt_site.hpo.overhead import run
         >>> results = run([8], {"sqlite": f"sqlite:///{tempfile.mkdtemp()}/o.db"}, repeats=1)
         >>> results["kind"], [(r["storage"], r["n_trials"]) for r in results["rows"]]
         ('hpo_overhead', [('sqlite', 8)])
@@ -152,7 +154,7 @@ def render_overhead(source: str | os.PathLike | dict[str, Any]) -> str:
     """The page's table (MyST Markdown) of a results file; one line naming the command if there is none.
 
     Example:
-        >>> from trainopt.hpo.overhead import render_overhead
+        >>> from trainopt_site.hpo.overhead import render_overhead
         >>> meta = {"date": "2026-11-27T10:00:00+00:00", "git_commit": "0123456789abcdef", "git_dirty": False,
         ...         "cpu_count": 2, "optuna": "5.0.0", "note": None}
         >>> row = {"storage": "sqlite", "n_trials": 200, "plain_s": 0.008, "trainopt_s": 0.0088,
@@ -169,7 +171,7 @@ def render_overhead(source: str | os.PathLike | dict[str, Any]) -> str:
     else:
         path = Path(source)
         if not path.exists():
-            return f"*No results yet: `python -m trainopt.hpo.overhead --out {path.name}` writes them.*"
+            return f"*No results yet: `python -m trainopt_site.hpo.overhead --out {path.name}` writes them.*"
         results = json.loads(path.read_text())
     if results.get("schema") != SCHEMA or results.get("kind") != KIND:
         raise ValueError(f"not a results file of kind {KIND!r}, schema {SCHEMA}")
@@ -201,14 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line.
 
     Example:
-        >>> from trainopt.hpo.overhead import build_parser
+        >>> from trainopt_site.hpo.overhead import build_parser
         >>> args = build_parser().parse_args(["--postgres", "", "--out", "o.json"])
         >>> args.trials, args.repeats, args.postgres
         ([200, 1000], 3, None)
     """
     from trainopt.config.cli import ArgumentParser, output_file, output_folder, positive_int
 
-    parser = ArgumentParser(prog="python -m trainopt.hpo.overhead", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m trainopt_site.hpo.overhead", description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=positive_int, nargs="+", default=[200, 1000],
                         help="study sizes in trials (default 200 1000)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="runs of each side per size (median)")
@@ -228,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Example:
         >>> import contextlib, io, json, tempfile
         >>> from pathlib import Path
-        >>> from trainopt.hpo.overhead import main
+        >>> from trainopt_site.hpo.overhead import main
         >>> out = Path(tempfile.mkdtemp()) / "overhead.json"
         >>> with contextlib.redirect_stdout(io.StringIO()) as printed:
         ...     code = main(["--trials", "6", "--repeats", "1", "--postgres", "", "--out", str(out)])
@@ -242,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     storages = {"sqlite": f"sqlite:///{folder / 'overhead.db'}"}
     if args.postgres:
         storages["postgresql"] = args.postgres
-    results = run(args.trials, storages, args.repeats, shlex.join(["python", "-m", "trainopt.hpo.overhead", *argv]),
+    results = run(args.trials, storages, args.repeats, shlex.join(["python", "-m", "trainopt_site.hpo.overhead", *argv]),
                   args.note)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(args.out.suffix + ".tmp")

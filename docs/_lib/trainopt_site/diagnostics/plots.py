@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trainopt.data import path
-from trainopt.diagnostics.runs import FAULT_DESCRIPTIONS, FAULTS
+from trainopt_site.diagnostics.runs import FAULT_DESCRIPTIONS, FAULTS
 
 WIDTH_IN = 6.4
 """Widest figure, in inches: 704 px at the 110 dpi the site renders figures at."""
@@ -31,7 +31,7 @@ def findings_table(runs_dir: str | Path | None = None) -> str:
     ``runs_dir`` defaults to the runs shipped in :mod:`trainopt.data`.
 
     Example:
-        >>> from trainopt.diagnostics.plots import findings_table
+        >>> from trainopt_site.diagnostics.plots import findings_table
         >>> print(findings_table().splitlines()[2])
         | `healthy` | none (Adam, lr 2e-3) | — |
     """
@@ -55,7 +55,7 @@ def runs_figure(runs_dir: str | Path | None = None,
     """Loss (top) and gradient norm (bottom) of up to three recorded runs, one column each (log scales where they span decades).
 
     Example:
-        >>> from trainopt.diagnostics.plots import runs_figure
+        >>> from trainopt_site.diagnostics.plots import runs_figure
         >>> fig = runs_figure(faults=("healthy",))
         >>> len(fig.axes)
         2
@@ -92,7 +92,7 @@ def runs_figure(runs_dir: str | Path | None = None,
 
 @lru_cache(maxsize=4)
 def _fresh(cause: str, optimizer: str, hidden: int, seed: int) -> tuple[dict[str, Any], ...]:
-    from trainopt.diagnostics.generate import generate_run
+    from trainopt.diagnostics.known_causes import generate_run
 
     return tuple(generate_run(cause, optimizer, hidden, seed))
 
@@ -107,7 +107,7 @@ def blow_up_diagnosis(cause: str = "lr_too_high", optimizer: str = "sgd", hidden
     Each finding prints as ``str(finding)`` does, its lines wrapped at :data:`TEXT_COLUMNS`.
 
     Example:
-        >>> from trainopt.diagnostics.plots import blow_up_diagnosis
+        >>> from trainopt_site.diagnostics.plots import blow_up_diagnosis
         >>> text = blow_up_diagnosis(cause="lr_too_high", optimizer="adamw", hidden=16)
         >>> text.startswith("```text") and "cause:" in text
         True
@@ -128,14 +128,14 @@ def blow_up_figure(cause: str = "lr_too_high", optimizer: str = "sgd", hidden: i
     dotted line is ``log(10)``, the loss of a uniform guess over the digits' 10 classes.
 
     Example:
-        >>> from trainopt.diagnostics.plots import blow_up_figure
+        >>> from trainopt_site.diagnostics.plots import blow_up_figure
         >>> fig = blow_up_figure(hidden=16)
         >>> len(fig.axes), bool(fig.get_figwidth() <= 6.4)
         (4, True)
     """
     import matplotlib.pyplot as plt
 
-    from trainopt.diagnostics.generate import SETTINGS
+    from trainopt.diagnostics.known_causes import SETTINGS
     from trainopt.diagnostics.symptoms import diagnose
 
     records = list(_fresh(cause, optimizer, hidden, seed))

@@ -1,0 +1,1 @@
+"""The concepts page's demonstrations and figures."""
