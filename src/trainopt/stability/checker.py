@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from trainopt.stability.distributed import any_rank, max_over_ranks
+from trainopt.stability.distributed import any_rank, in_process_group, max_over_ranks
 from trainopt.stability.gradients import GradientMonitor
 from trainopt.stability.monitors import LossStabilityMonitor
-from trainopt.stability.statistics import _as_finite_or_nan, _check_positive, nanmax, nanmedian
+from trainopt.stability.statistics import _check_positive, nanmax, nanmedian
 
 __all__ = ["StabilityChecker"]
 
@@ -119,21 +119,25 @@ class StabilityChecker:
     def update(self, loss: torch.Tensor) -> torch.Tensor:
         """Fold this step's loss and gradients into the monitors; return the agreed "unstable" flag."""
         self.loss_monitor.update(loss)
-        self.last_grad_norm = self.gradient_monitor.update()
+        grads = self.gradient_monitor
+        self.last_grad_norm = grads.update()
         detector = self.loss_monitor.detector
-        nonfinite = ~torch.isfinite(self.last_grad_norm)
-        local = (detector.last_spike | detector.last_nonfinite | nonfinite
-                 | self.gradient_monitor.last_explosion)
-        self.last_flag, self.nonfinite_grads = any_rank(torch.stack([local, nonfinite]), self.process_group)
+        nonfinite = grads.last_nonfinite
+        local = detector.last_spike | detector.last_nonfinite | nonfinite | grads.last_explosion
+        if in_process_group():
+            self.last_flag, self.nonfinite_grads = any_rank(torch.stack([local, nonfinite]), self.process_group)
+        else:  # nothing to agree on: no stack and unbind
+            self.last_flag, self.nonfinite_grads = local, nonfinite
         device = self.last_flag.device
         if self.flagged.device != device:
             for key in self._tensors:
                 setattr(self, key, getattr(self, key).to(device))
-        self.flagged.add_(self.last_flag.long())
-        self.streak = (self.streak + 1) * self.last_flag.long()
+        self.flagged.add_(self.last_flag)
+        self.streak = (self.streak + 1) * self.last_flag
         self.max_streak = torch.maximum(self.max_streak, self.streak)
-        value = _as_finite_or_nan(loss.reshape(())).to(device)
-        norm = _as_finite_or_nan(self.last_grad_norm.reshape(())).to(device)
+        # the monitors' own finite-or-NaN values (a loss and a norm already made finite there)
+        value = detector.last_value.to(device)
+        norm = grads.last_value.to(device)
         self.recent[self.steps % self.recent.numel()] = value
         self.recent_grads[self.steps % self.recent_grads.numel()] = norm
         if self.steps < self.first.numel():

@@ -226,7 +226,7 @@ class GuardedUpdate:
         self.window.count(skip)
         for average in self.averaged:
             masked_update_parameters(average, self.model, skip)
-        self.skipped.add_(skip.long())
+        self.skipped.add_(skip)
         if logger.isEnabledFor(logging.INFO):  # the reasons are only read to be logged
             self.codes[(self.steps - self.window_start) % self.check_every] = self._code(skip)
         if self.scaler is not None:

@@ -148,15 +148,15 @@ class GradientMonitor:
         ]
         self.group_grad_norms = torch.stack(group_grads)
         self.grad_norm = torch.linalg.vector_norm(self.group_grad_norms)
-        value = _as_finite_or_nan(self.grad_norm)
+        value = self.last_value = _as_finite_or_nan(self.grad_norm)  # NaN when non-finite
+        self.last_nonfinite = torch.isnan(value)
         if self.steps >= self.min_history:
             window = self.buffer[: min(self.steps, self.window_size)]
             self.last_explosion = tail_score(value, window) > self.explosion_factor
-        self.window_explosions.add_(self.last_explosion.long())
-        self.window_nonfinite.add_(torch.isnan(value).long())
+        self.window_explosions.add_(self.last_explosion)  # bools into long counters: no conversion
+        self.window_nonfinite.add_(self.last_nonfinite)
         self.window_max_grad_norm = torch.fmax(self.window_max_grad_norm, value)
-        self.buffer[self.steps % self.window_size] = torch.where(
-            self.last_explosion, torch.full_like(value, math.nan), value)
+        self.buffer[self.steps % self.window_size] = torch.where(self.last_explosion, math.nan, value)
         self.steps += 1
         return self.grad_norm
 

@@ -84,8 +84,9 @@ class LossSpikeDetector:
         else:
             self.last_z = torch.full_like(value, math.nan)
             self.last_spike = torch.zeros_like(self.last_nonfinite)
-        self.num_spikes.add_(self.last_spike.long())
-        self.buffer[self.steps % self.window_size] = torch.where(self.last_spike, torch.full_like(value, math.nan), value)
+        self.last_value = value  # the loss as the window holds it (NaN when non-finite)
+        self.num_spikes.add_(self.last_spike)
+        self.buffer[self.steps % self.window_size] = torch.where(self.last_spike, math.nan, value)
         self.steps += 1
         return self.last_spike
 
@@ -166,8 +167,8 @@ class LossStabilityMonitor:
         if self.window_spikes.device != loss.device:
             self._reset_window(loss.device)
         spike = self.detector.update(loss)
-        self.window_spikes.add_(spike.long())
-        self.window_nonfinite.add_(self.detector.last_nonfinite.long())
+        self.window_spikes.add_(spike)  # a bool added to a long counter: no conversion kernel
+        self.window_nonfinite.add_(self.detector.last_nonfinite)
         self.window_max_z = torch.fmax(self.window_max_z, self.detector.last_z)
         self.last_loss = loss.detach().float().reshape(())
 

@@ -294,7 +294,7 @@ class ScheduleWindow:
 
     def count(self, skipped: torch.Tensor) -> None:
         """Count this step as applied unless ``skipped`` (a 0-d bool tensor; no sync)."""
-        self.applied_steps.add_((~skipped.to(self.device, torch.bool)).long())
+        self.applied_steps.add_(~skipped.to(self.device, torch.bool))
         self.position += 1
 
     def close(self, applied: int | None = None) -> int:

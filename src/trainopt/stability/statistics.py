@@ -144,7 +144,7 @@ def _median_and_max(window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _as_finite_or_nan(x: torch.Tensor) -> torch.Tensor:
     x = x.detach().float()
-    return torch.where(torch.isfinite(x), x, torch.full_like(x, math.nan))
+    return torch.where(torch.isfinite(x), x, math.nan)
 
 
 def _check_int(name: str, value: int, minimum: int) -> None:

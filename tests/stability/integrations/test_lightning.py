@@ -6,6 +6,7 @@ under ``gradient_clip_val``, which the guard takes over, and the clipping it can
 
 from __future__ import annotations
 
+import pytest
 import torch
 from extras import require
 
