@@ -46,7 +46,8 @@ PAGES = {
     "guides/training-optimization/learning-rate-scheduling.md": ("trainopt.schedules",),
     "guides/training-optimization/training-stability.md": (
         "trainopt.stability", "trainopt.schedules",  # the complete recipe warms up and decays
-        "trainopt.perf.bench"),  # "What it costs" is the benchmark harness's stability run
+        "trainopt.perf.bench",  # "What it costs" is the benchmark harness's stability run
+        "trainopt_site.perf.bench"),  # ... rendered by the performance pages' renderer
     "guides/training-optimization/hyperparameter-optimization.md": (
         "trainopt.hpo", "trainopt.schedules"),  # the LR range test seeds the search range
     "guides/training-optimization/index.md": (),
@@ -56,14 +57,16 @@ PAGES = {
         "trainopt.diagnostics", "trainopt.schedules", "trainopt.stability", "trainopt.perf"),
     "concepts/optimization.md": ("trainopt.concepts",),
     "advanced/performance/index.md": (),
-    "advanced/performance/compilation.md": ("trainopt.perf",),
+    "advanced/performance/compilation.md": ("trainopt.perf", "trainopt_site.perf"),
     "advanced/performance/mixed-precision.md": (
-        "trainopt.perf", "trainopt.stability"),  # fp16 uses the stability page's loss scaler
-    "advanced/performance/memory-optimization.md": ("trainopt.perf",),
-    "advanced/performance/profiling.md": ("trainopt.perf",),
-    "advanced/performance/monitoring.md": ("trainopt.perf",),
-    "advanced/performance/benchmarking.md": ("trainopt.perf.bench", "trainopt.perf"),
-    "advanced/performance/distributed-training.md": ("trainopt.perf.distributed", "trainopt.perf"),
+        "trainopt.perf", "trainopt_site.perf",
+        "trainopt.stability"),  # fp16 uses the stability page's loss scaler
+    "advanced/performance/memory-optimization.md": ("trainopt.perf", "trainopt_site.perf"),
+    "advanced/performance/profiling.md": ("trainopt.perf", "trainopt_site.perf"),
+    "advanced/performance/monitoring.md": ("trainopt.perf", "trainopt_site.perf"),
+    "advanced/performance/benchmarking.md": ("trainopt.perf.bench", "trainopt.perf", "trainopt_site.perf"),
+    "advanced/performance/distributed-training.md": (
+        "trainopt.perf.distributed", "trainopt.perf", "trainopt_site.perf"),
     "index.md": (),
     "glossary.md": (),
 }
@@ -233,3 +236,23 @@ def test_page_map_rejects_an_import_it_does_not_list() -> None:
     text = "```python\nfrom trainopt.hpo import tune\n```\n"
     assert _page_targets(text) == ["trainopt.hpo"]
     assert not any("trainopt.hpo".startswith(a) for a in PAGES["concepts/optimization.md"] + SHARED)
+
+
+def _usage_imports_of_the_workshop(text: str) -> list[str]:
+    """The ``trainopt_site`` modules a page's usage blocks (```python, which readers copy) import."""
+    blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
+    pattern = re.compile(r"^\s*(?:from|import) (trainopt_site[\w.]*)", flags=re.MULTILINE)
+    return [m for block in blocks for m in pattern.findall(block)]
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_usage_blocks_import_only_the_wheel(page: str) -> None:
+    """The workshop renders and records a page's evidence; what a reader copies runs on the wheel."""
+    found = _usage_imports_of_the_workshop((DOCS / page).read_text())
+    assert not found, f"{page}: usage blocks import the workshop, which the wheel lacks: {found}"
+
+
+def test_the_usage_check_catches_a_workshop_import() -> None:
+    text = ("```{trainopt-render} trainopt_site.perf.bench.report.render\n```\n"
+            "```python\nfrom trainopt_site.perf.bench.report import render\n```\n")
+    assert _usage_imports_of_the_workshop(text) == ["trainopt_site.perf.bench.report"]
