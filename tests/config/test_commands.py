@@ -1,6 +1,7 @@
 """Every command line of trainopt, every option, given a bad value: one line on stderr, status 2.
 
-The commands are found, not listed: every module under ``src/trainopt`` with a ``main(argv)`` that
+The commands are found, not listed: every module under ``src/trainopt`` (and the workshop,
+``docs/_lib/trainopt_site``) with a ``main(argv)`` that
 builds a :class:`trainopt.config.cli.ArgumentParser`. Their options are read from the parsers
 themselves (sub-commands included), so a new option is tested the day it is added. A bad value
 must be refused while the arguments are read or checked, before any work starts: the command
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 import trainopt
+import trainopt_site
 from trainopt.config import cli
 from trainopt.config.cli import output_file, output_folder, run_command
 
@@ -34,7 +36,7 @@ class _Parser(Exception):
 
 
 def _commands() -> dict[str, tuple[object, argparse.ArgumentParser]]:
-    """``{module: (main, parser)}`` for every module of trainopt with a ``main(argv)``."""
+    """``{module: (main, parser)}`` for every module of trainopt and trainopt_site with a ``main``."""
     found = {}
     original = cli.ArgumentParser.parse_args
 
@@ -43,7 +45,9 @@ def _commands() -> dict[str, tuple[object, argparse.ArgumentParser]]:
 
     cli.ArgumentParser.parse_args = grab
     try:
-        for info in pkgutil.walk_packages(trainopt.__path__, prefix="trainopt."):
+        infos = [info for package in (trainopt, trainopt_site)  # the workshop's commands too
+                 for info in pkgutil.walk_packages(package.__path__, prefix=package.__name__ + ".")]
+        for info in infos:
             if info.name.endswith(".__main__") and info.name != "trainopt.data.__main__":
                 continue  # the others only call the main of a module found here
             module = importlib.import_module(info.name)
@@ -154,7 +158,8 @@ def _run(main: object, argv: list[str]) -> tuple[int, str, str]:
 
 def test_every_command_is_found() -> None:
     assert {"trainopt.data.__main__", "trainopt.hpo.cli", "trainopt.diagnostics.runs",
-            "trainopt.stability.recipe", "trainopt.perf.bench.cli", "trainopt.perf.distributed.cli"} <= set(COMMANDS)
+            "trainopt.stability.recipe", "trainopt.perf.bench.cli",
+            "trainopt_site.perf.distributed.cli"} <= set(COMMANDS)
 
 
 @pytest.mark.parametrize("module, prefix, action", CASES,

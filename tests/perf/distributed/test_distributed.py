@@ -1,4 +1,4 @@
-"""Tests of trainopt.perf.distributed and distributed_consistency: equivalence with one process, communication counts,
+"""Tests of trainopt.perf.distributed and its workshop (trainopt_site.perf.distributed): equivalence with one process, communication counts,
 lossy hooks measured, summed losses caught, rank-consistent decisions, launch and torchrun.
 
 The multi-process checks run once, in one 2-process gloo group on the CPU (starting a process
@@ -30,8 +30,9 @@ from trainopt.perf.distributed.agreement import (
     nonfinite_flag,
 )
 from trainopt.perf.distributed.checks import raise_on_rank
-from trainopt.perf.distributed.cli import all_checks, main
-from trainopt.perf.distributed.compression import MEASURED_HOOKS, compression_table
+from trainopt_site.perf.distributed.cli import all_checks, main
+from trainopt.perf.distributed.compression import MEASURED_HOOKS
+from trainopt_site.perf.distributed.compression import compression_table
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs/advanced/performance/distributed-training.md"
@@ -200,7 +201,7 @@ def test_recorded_compression_results_cover_every_hook_and_render():
 
 
 def test_the_pages_compression_command_writes_json(tmp_path):
-    (command,) = [c for c in _console_commands(PAGE) if c[:3] == ["python", "-m", "trainopt.perf.distributed"]]
+    (command,) = [c for c in _console_commands(PAGE) if c[:3] == ["python", "-m", "trainopt_site.perf.distributed"]]
     args = command[3:]
     args[args.index("--out") + 1] = str(tmp_path / "compression.json")
     main(args + ["--iterations", "3"])
