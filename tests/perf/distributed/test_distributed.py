@@ -1,5 +1,6 @@
-"""Tests of trainopt.perf.distributed and its workshop (trainopt_site.perf.distributed): equivalence with one process, communication counts,
-lossy hooks measured, summed losses caught, rank-consistent decisions, launch and torchrun.
+"""Tests of trainopt.perf.distributed and its workshop (trainopt_site.perf.distributed): equivalence
+with one process, communication counts, lossy hooks measured, summed losses caught,
+rank-consistent decisions, launch and torchrun.
 
 The multi-process checks run once, in one 2-process gloo group on the CPU (starting a process
 that imports torch costs seconds), and each test below asserts one behaviour of the results.
