@@ -201,6 +201,13 @@ def test_recorded_compression_results_cover_every_hook_and_render():
     assert f"{data['hooks']['fp16']['mean']:.1e}" in table
 
 
+def test_the_equivalence_command_prints_each_checks_parameter_difference(capsys):
+    main(["--equivalence", "--nprocs", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert {"ddp", "accumulation", "ddp_small_buckets"} <= {line.split(":")[0] for line in lines}
+    assert all(re.fullmatch(r"\w+: max parameter difference \d\.\de[+-]\d\d", line) for line in lines), lines
+
+
 def test_the_pages_compression_command_writes_json(tmp_path):
     (command,) = [c for c in _console_commands(PAGE) if c[:3] == ["python", "-m", "trainopt_site.perf.distributed"]]
     args = command[3:]

@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             results = launch(all_checks, args.nprocs)[0]
         if int(os.environ.get("RANK", "0")) == 0:
             for name, record in results.items():
-                if "max_param_diff" in record:
+                if isinstance(record, dict) and "max_param_diff" in record:  # not is_main_process
                     print(f"{name}: max parameter difference {record['max_param_diff']:.1e}")
     if args.out is not None:
         record = measure_compression(args.nprocs, args.iterations)
