@@ -64,7 +64,8 @@ PAGES = {
     "advanced/performance/memory-optimization.md": ("trainopt.perf", "trainopt_site.perf"),
     "advanced/performance/profiling.md": ("trainopt.perf", "trainopt_site.perf"),
     "advanced/performance/monitoring.md": ("trainopt.perf", "trainopt_site.perf"),
-    "advanced/performance/benchmarking.md": ("trainopt.perf.bench", "trainopt.perf", "trainopt_site.perf"),
+    "advanced/performance/benchmarking.md": (
+        "trainopt.perf.bench", "trainopt.perf", "trainopt_site.perf"),
     "advanced/performance/distributed-training.md": (
         "trainopt.perf.distributed", "trainopt.perf", "trainopt_site.perf"),
     "index.md": (),
@@ -239,7 +240,7 @@ def test_page_map_rejects_an_import_it_does_not_list() -> None:
 
 
 def _usage_imports_of_the_workshop(text: str) -> list[str]:
-    """The ``trainopt_site`` modules a page's usage blocks (```python, which readers copy) import."""
+    """The ``trainopt_site`` modules a page's usage blocks (```python: readers copy) import."""
     blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
     pattern = re.compile(r"^\s*(?:from|import) (trainopt_site[\w.]*)", flags=re.MULTILINE)
     return [m for block in blocks for m in pattern.findall(block)]
@@ -247,7 +248,7 @@ def _usage_imports_of_the_workshop(text: str) -> list[str]:
 
 @pytest.mark.parametrize("page", sorted(PAGES))
 def test_usage_blocks_import_only_the_wheel(page: str) -> None:
-    """The workshop renders and records a page's evidence; what a reader copies runs on the wheel."""
+    """The workshop renders and records a page's evidence; what readers copy runs on the wheel."""
     found = _usage_imports_of_the_workshop((DOCS / page).read_text())
     assert not found, f"{page}: usage blocks import the workshop, which the wheel lacks: {found}"
 

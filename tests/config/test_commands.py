@@ -36,7 +36,7 @@ class _Parser(Exception):
 
 
 def _commands() -> dict[str, tuple[object, argparse.ArgumentParser]]:
-    """``{module: (main, parser)}`` for every module of trainopt and trainopt_site with a ``main``."""
+    """``{module: (main, parser)}`` for every module of trainopt and trainopt_site with a main."""
     found = {}
     original = cli.ArgumentParser.parse_args
 

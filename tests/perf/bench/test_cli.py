@@ -116,7 +116,8 @@ def test_recipe_compares_the_two_loops_in_one_run(tmp_path: Path, capsys: pytest
     assert "|" not in printed and "**" not in printed  # a terminal summary, not the pages' MyST
 
 
-def test_stability_writes_its_results_and_prints_its_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_stability_writes_its_results_and_prints_its_summary(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "s.json"
     assert main(["stability", "--out", str(out), "--size", "tiny", "--device", "cpu", "--batch-size", "2",
                  "--seq-len", "8", "--note", "a test", "--forms", "SGD default", "AdamW fused",

@@ -15,8 +15,11 @@ from trainopt.perf.bench.results import KINDS, read_results
 from trainopt.perf.bench.summary import SUMMARIES, summary
 
 DATA = Path(__file__).resolve().parents[3] / "docs" / "_data"
-RECORDED = {read_results(p)["kind"]: p for p in sorted(DATA.glob("*.json"))
-            if p.stem.startswith(("bench_", "perf_", "compile_", "memory_estimate_"))}
+RECORDED = {
+    read_results(p)["kind"]: p
+    for p in sorted(DATA.glob("*.json"))
+    if p.stem.startswith(("bench_", "perf_", "compile_", "memory_estimate_"))
+}
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 FORMATS = ("{:.1f}", "{:,.0f}", "{:.2f}", "{:.3f}", "{:g}")
 
@@ -83,13 +86,18 @@ def test_each_configuration_gets_its_own_measured_numbers() -> None:
 def test_a_failed_configuration_says_so_with_its_error() -> None:
     results = copy.deepcopy(read_results(RECORDED["bench"]))
     results["results"][0].update(status="failed", error="CUDA out of\n memory")
-    (line,) = [line for line in summary(results).splitlines()
-               if line.startswith(f"  {results['results'][0]['name']}  ")]
+    (line,) = [
+        line
+        for line in summary(results).splitlines()
+        if line.startswith(f"  {results['results'][0]['name']}  ")
+    ]
     assert line.endswith("failed: CUDA out of memory")
 
 
 def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
-    assert summary(tmp_path / "bench_h100.json") == f"no results in {tmp_path / 'bench_h100.json'}\n"
+    assert (
+        summary(tmp_path / "bench_h100.json") == f"no results in {tmp_path / 'bench_h100.json'}\n"
+    )
 
 
 def test_the_stability_summary_shows_each_forms_ratio_and_the_files_goal() -> None:

@@ -205,11 +205,13 @@ def test_the_equivalence_command_prints_each_checks_parameter_difference(capsys)
     main(["--equivalence", "--nprocs", "2"])
     lines = capsys.readouterr().out.splitlines()
     assert {"ddp", "accumulation", "ddp_small_buckets"} <= {line.split(":")[0] for line in lines}
-    assert all(re.fullmatch(r"\w+: max parameter difference \d\.\de[+-]\d\d", line) for line in lines), lines
+    line_format = r"\w+: max parameter difference \d\.\de[+-]\d\d"
+    assert all(re.fullmatch(line_format, line) for line in lines), lines
 
 
 def test_the_pages_compression_command_writes_json(tmp_path):
-    (command,) = [c for c in _console_commands(PAGE) if c[:3] == ["python", "-m", "trainopt_site.perf.distributed"]]
+    prefix = ["python", "-m", "trainopt_site.perf.distributed"]
+    (command,) = [c for c in _console_commands(PAGE) if c[:3] == prefix]
     args = command[3:]
     args[args.index("--out") + 1] = str(tmp_path / "compression.json")
     main(args + ["--iterations", "3"])

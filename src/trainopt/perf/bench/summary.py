@@ -33,13 +33,19 @@ def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
     A short row's last cell (a failure's message) runs on without widening the columns.
     """
     n = max(map(len, rows))
-    widths = [max((len(row[i]) for row in rows if i < len(row) - 1 or len(row) == n), default=0)
-              for i in range(n)]
-    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    widths = [
+        max((len(row[i]) for row in rows if i < len(row) - 1 or len(row) == n), default=0)
+        for i in range(n)
+    ]
+    return [
+        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows
+    ]
 
 
 def _failed(record: dict[str, Any]) -> str:
-    return f"{record.get('status', 'failed')}: {' '.join(str(record.get('error', '')).split())[:100]}"
+    return (
+        f"{record.get('status', 'failed')}: {' '.join(str(record.get('error', '')).split())[:100]}"
+    )
 
 
 def _bench(results: Results) -> list[str]:
@@ -48,28 +54,44 @@ def _bench(results: Results) -> list[str]:
         if r["status"] != "ok":
             rows.append([r["name"], _failed(r)])
             continue
-        rows.append([r["name"], _ms(r["step_time_s"]["median"]), f"{r['tokens_per_s']:,.0f}",
-                     _percent(r.get("mfu")), _mib(r.get("peak_memory_bytes"))])
+        rows.append(
+            [
+                r["name"],
+                _ms(r["step_time_s"]["median"]),
+                f"{r['tokens_per_s']:,.0f}",
+                _percent(r.get("mfu")),
+                _mib(r.get("peak_memory_bytes")),
+            ]
+        )
     lines = _columns(rows)
     recipe = results.get("recipe")
     if recipe and recipe.get("speedup") is not None:
-        lines.append(f"speed-up of {recipe['candidate']} over {recipe['baseline']}: "
-                     f"{recipe['speedup']:.2f}x")
+        lines.append(
+            f"speed-up of {recipe['candidate']} over {recipe['baseline']}: {recipe['speedup']:.2f}x"
+        )
     return lines
 
 
 def _stability(results: Results) -> list[str]:
     if "forms" not in results:
         return ["  (these results predate the per-optimizer-form benchmark)"]
-    rows = [["optimizer form", "bare", "stabilized", "ratio [interval]", "host reads, bare/stabilized"]]
+    rows = [
+        ["optimizer form", "bare", "stabilized", "ratio [interval]", "host reads, bare/stabilized"]
+    ]
     for f in results["forms"]:
         if f["status"] != "ok":
             rows.append([f["form"], _failed(f)])
             continue
         ms, r, reads = f["ms_per_step"], f["ratio"], f["host_reads"]
-        rows.append([f["form"], f"{ms['bare']:.2f} ms", f"{ms['stabilized']:.2f} ms",
-                     f"{r['ratio']:.3f} [{r['low']:.3f}-{r['high']:.3f}]",
-                     f"{reads['bare']['per_step']:g}/{reads['stabilized']['per_step']:g} per step"])
+        rows.append(
+            [
+                f["form"],
+                f"{ms['bare']:.2f} ms",
+                f"{ms['stabilized']:.2f} ms",
+                f"{r['ratio']:.3f} [{r['low']:.3f}-{r['high']:.3f}]",
+                f"{reads['bare']['per_step']:g}/{reads['stabilized']['per_step']:g} per step",
+            ]
+        )
     return _columns(rows) + [f"goal: a ratio of at most {results['goal_ratio']:.3f}"]
 
 
@@ -79,48 +101,89 @@ def _experiments(results: Results) -> list[str]:
         if not r["supported"] or "error" in r:
             rows.append([r["precision"], "not supported" if not r["supported"] else _failed(r)])
             continue
-        rows.append([r["precision"], f"{r['step_time_median_ms']:.1f} ms", f"{r['tokens_per_s']:,.0f}",
-                     _mib(r["peak_memory_bytes"]), _percent(r.get("estimate_error"), "+", 2)])
+        rows.append(
+            [
+                r["precision"],
+                f"{r['step_time_median_ms']:.1f} ms",
+                f"{r['tokens_per_s']:,.0f}",
+                _mib(r["peak_memory_bytes"]),
+                _percent(r.get("estimate_error"), "+", 2),
+            ]
+        )
     section = results["checkpointing"]
     checks = [["checkpointing", "step time", "peak memory", "meets the goal"]]
     for r in section["rows"]:
         if "error" in r:
             checks.append([r["policy"], _failed(r)])
             continue
-        checks.append([r["policy"], _percent(r["time_change"], "+"), _percent(r["memory_change"], "+"),
-                       "yes" if r.get("meets_goal") else "no"])
-    return _columns(rows) + [f"activation checkpointing in {section['precision']}:"] + _columns(checks)
+        checks.append(
+            [
+                r["policy"],
+                _percent(r["time_change"], "+"),
+                _percent(r["memory_change"], "+"),
+                "yes" if r.get("meets_goal") else "no",
+            ]
+        )
+    return (
+        _columns(rows) + [f"activation checkpointing in {section['precision']}:"] + _columns(checks)
+    )
 
 
 def _scaling(results: Results) -> list[str]:
     n = str(results["processes"][-1])
     eff = results["efficiency"]
-    rows = [["processes", "tokens/s"]] + [[k, f"{results['tokens_per_s'][k]:,.0f}"] for k in ("1", n)]
+    rows = [["processes", "tokens/s"]] + [
+        [k, f"{results['tokens_per_s'][k]:,.0f}"] for k in ("1", n)
+    ]
     interval = f"[{_percent(eff['low'])}-{_percent(eff['high'])}]"
-    return [*_columns(rows), f"scaling efficiency with {n} processes: {_percent(eff['ratio'])} {interval}"]
+    return [
+        *_columns(rows),
+        f"scaling efficiency with {n} processes: {_percent(eff['ratio'])} {interval}",
+    ]
 
 
 def _compile(results: Results) -> list[str]:
-    rows = [["variant", "first step", "median step", "speed-up", "break-even steps", "graph breaks"]]
+    rows = [
+        ["variant", "first step", "median step", "speed-up", "break-even steps", "graph breaks"]
+    ]
     for r in results["rows"]:
-        rows.append([r["mode"], "-" if r["compile_s"] is None else f"{r['compile_s']:.1f} s",
-                     _ms(r["step_s"]["median"]), f"{r['speedup']:.2f}x",
-                     "-" if r["break_even_steps"] is None else f"{r['break_even_steps']:,.0f}",
-                     str(r["graph_breaks"])])
+        rows.append(
+            [
+                r["mode"],
+                "-" if r["compile_s"] is None else f"{r['compile_s']:.1f} s",
+                _ms(r["step_s"]["median"]),
+                f"{r['speedup']:.2f}x",
+                "-" if r["break_even_steps"] is None else f"{r['break_even_steps']:,.0f}",
+                str(r["graph_breaks"]),
+            ]
+        )
     return _columns(rows)
 
 
 def _estimate(results: Results) -> list[str]:
     rows = [["family", "precision", "optimizer", "checkpointing", "estimate", "measured", "error"]]
-    rows += [[r["family"], r["precision"], r["optimizer"], "blocks" if r["checkpointing"] else "none",
-              _mib(r["estimate_bytes"]), _mib(r["measured_bytes"]), _percent(r["error"], "+", 2)]
-             for r in results["rows"]]
+    rows += [
+        [
+            r["family"],
+            r["precision"],
+            r["optimizer"],
+            "blocks" if r["checkpointing"] else "none",
+            _mib(r["estimate_bytes"]),
+            _mib(r["measured_bytes"]),
+            _percent(r["error"], "+", 2),
+        ]
+        for r in results["rows"]
+    ]
     return _columns(rows)
 
 
 SUMMARIES: dict[str, Callable[[Results], list[str]]] = {
-    "bench": _bench, "stability": _stability, "experiments": _experiments, "scaling": _scaling,
-    "compile": _compile, "estimate": _estimate,
+    "bench": _bench,
+    "stability": _stability,
+    "experiments": _experiments,
+    "scaling": _scaling,
+    "compile": _compile,
+    "estimate": _estimate,
 }
 """The summary of each ``kind`` of results file."""
 
@@ -148,5 +211,7 @@ def summary(source: str | os.PathLike | Results) -> str:
     if results is None:
         return f"no results in {os.fspath(source)}\n"
     meta = results["meta"]
-    head = f"{results['kind']} results on {hardware(meta)}, torch {meta['torch']}, {meta['date'][:10]}"
+    head = (
+        f"{results['kind']} results on {hardware(meta)}, torch {meta['torch']}, {meta['date'][:10]}"
+    )
     return "\n".join([head, *SUMMARIES[results["kind"]](results)]) + "\n"

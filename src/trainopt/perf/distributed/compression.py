@@ -1,4 +1,4 @@
-"""What lossy gradient compression costs in accuracy: the error of DDP hooks against the exact gradient.
+"""What lossy gradient compression costs in accuracy: DDP hooks against the exact gradient.
 
 :func:`compression_check` runs on every rank of a group (``launch(compression_check, 2)``); the
 Distributed Training page records it on two processes with ``python -m

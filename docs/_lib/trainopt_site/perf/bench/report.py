@@ -339,8 +339,9 @@ def _compile_speedup(results: Results) -> list[str]:
 
 def _estimate_families(results: Results) -> list[str]:
     """The rows of an ``estimate`` results file (``python -m trainopt.perf.bench estimate``)."""
-    header = ["family", "parameters", "precision", "optimizer", "checkpointing", "estimate (MiB)",
-              "measured peak (MiB)", "error", "peak phase", "Accelerate (MiB)", "Accelerate's error"]
+    header = ["family", "parameters", "precision", "optimizer", "checkpointing",
+              "estimate (MiB)", "measured peak (MiB)", "error", "peak phase", "Accelerate (MiB)",
+              "Accelerate's error"]
     rows = [[r["family"], f"{r['parameters']:,.0f}", r["precision"], r["optimizer"],
              "blocks" if r["checkpointing"] else "none", _mib(r["estimate_bytes"]),
              _mib(r["measured_bytes"]), _error(r["error"]), r["peak_phase"],
@@ -415,7 +416,8 @@ def render(source: str | os.PathLike | Results, parts: Sequence[str] | None = No
 
 
 def render_device_peaks() -> str:
-    """The dense peak TFLOP/s per precision that MFU divides by (:data:`trainopt.perf.bench.mfu.PEAK_TFLOPS`).
+    """The dense peak TFLOP/s per precision that MFU divides by
+    (:data:`trainopt.perf.bench.mfu.PEAK_TFLOPS`).
 
     Example:
         >>> from trainopt_site.perf.bench.report import render_device_peaks

@@ -1,4 +1,4 @@
-"""``python -m trainopt_site.perf.distributed``: the command line of ``trainopt_site.perf.distributed.cli``."""
+"""``python -m trainopt_site.perf.distributed``: ``trainopt_site.perf.distributed.cli``."""
 
 import sys
 

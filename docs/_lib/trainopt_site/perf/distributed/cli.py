@@ -1,4 +1,4 @@
-"""python -m trainopt_site.perf.distributed: run every check, or measure the lossy hooks and write JSON."""
+"""python -m trainopt_site.perf.distributed: run every check, or measure the lossy hooks (JSON)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         >>> status, err.getvalue()
         (2, 'error: --out/--equivalence: give --out FILE, --equivalence, or both\n')
     """
-    parser = ArgumentParser(prog="python -m trainopt_site.perf.distributed", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m trainopt_site.perf.distributed",
+                            description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=output_file, help="measure the lossy hooks and write this JSON file")
     parser.add_argument("--equivalence", action="store_true",
                         help="run every equivalence check and print the results (works under torchrun)")

@@ -20,7 +20,9 @@ from trainopt.perf.distributed.compression import MEASURED_HOOKS, compression_ch
 from trainopt.perf.distributed.processes import default_backend, launch
 
 
-def measure_compression(nprocs: int = 2, iterations: int = 8, backend: str | None = None) -> dict[str, Any]:
+def measure_compression(
+    nprocs: int = 2, iterations: int = 8, backend: str | None = None
+) -> dict[str, Any]:
     """Run :func:`compression_check` on ``nprocs`` processes; return a JSON-ready record.
 
     Example:
@@ -52,22 +54,30 @@ def compression_table(path: str | Path) -> str:
     Example:
         >>> import json, tempfile
         >>> from pathlib import Path
-        >>> from trainopt_site.perf.distributed.compression import compression_table, measure_compression
+        >>> from trainopt_site.perf.distributed.compression import (
+        ...     compression_table, measure_compression)
         >>> path = Path(tempfile.mkdtemp()) / "compression.json"
         >>> _ = path.write_text(json.dumps(measure_compression(nprocs=1, iterations=3)))
         >>> compression_table(path).splitlines()[0]
         '| hook | data sent | error per step (mean) | error per step (max) | error of the sum |'
     """
     data = json.loads(Path(path).read_text())
-    lines = ["| hook | data sent | error per step (mean) | error per step (max) | error of the sum |",
-             "| --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| hook | data sent | error per step (mean) | error per step (max) | error of the sum |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
     for spec, record in data["hooks"].items():
         name = spec.replace("powersgd:", "PowerSGD, rank ")
         if "unsupported" in record:
             lines.append(f"| {name} | — | not supported by {data['backend']} | — | — |")
             continue
-        lines.append(f"| {name} | {record['sent_fraction']:.1%} | {record['mean']:.1e} | "
-                     f"{record['max']:.1e} | {record['cumulative']:.1e} |")
-    lines += ["", f"Measured with torch {data['torch']}, {data['backend']}, {data['world_size']} processes, "
-              f"{data['model']}, on {data['date']}."]
+        lines.append(
+            f"| {name} | {record['sent_fraction']:.1%} | {record['mean']:.1e} | "
+            f"{record['max']:.1e} | {record['cumulative']:.1e} |"
+        )
+    lines += [
+        "",
+        f"Measured with torch {data['torch']}, {data['backend']}, {data['world_size']} processes, "
+        f"{data['model']}, on {data['date']}.",
+    ]
     return "\n".join(lines)
