@@ -49,7 +49,8 @@ PAGES = {
     "guides/training-optimization/learning-rate-scheduling.md": ("trainopt.schedules",),
     "guides/training-optimization/training-stability.md": (
         "trainopt.stability", "trainopt.schedules",  # the complete recipe warms up and decays
-        "trainopt.perf.bench"),  # "What it costs" is the benchmark harness's stability run
+        "trainopt.perf.bench",  # "What it costs" is the benchmark harness's stability run
+        "trainopt_site.perf.bench"),  # ... rendered by the performance pages' renderer
     "guides/training-optimization/hyperparameter-optimization.md": (
         "trainopt.hpo", "trainopt.schedules",  # the LR range test seeds the search range
         "trainopt_site.hpo"),  # the overhead table
@@ -62,14 +63,17 @@ PAGES = {
     "concepts/optimization.md": (
         "trainopt.concepts", "trainopt_site.concepts"),  # the figures
     "advanced/performance/index.md": (),
-    "advanced/performance/compilation.md": ("trainopt.perf",),
+    "advanced/performance/compilation.md": ("trainopt.perf", "trainopt_site.perf"),
     "advanced/performance/mixed-precision.md": (
-        "trainopt.perf", "trainopt.stability"),  # fp16 uses the stability page's loss scaler
-    "advanced/performance/memory-optimization.md": ("trainopt.perf",),
-    "advanced/performance/profiling.md": ("trainopt.perf",),
-    "advanced/performance/monitoring.md": ("trainopt.perf",),
-    "advanced/performance/benchmarking.md": ("trainopt.perf.bench", "trainopt.perf"),
-    "advanced/performance/distributed-training.md": ("trainopt.perf.distributed", "trainopt.perf"),
+        "trainopt.perf", "trainopt_site.perf",
+        "trainopt.stability"),  # fp16 uses the stability page's loss scaler
+    "advanced/performance/memory-optimization.md": ("trainopt.perf", "trainopt_site.perf"),
+    "advanced/performance/profiling.md": ("trainopt.perf", "trainopt_site.perf"),
+    "advanced/performance/monitoring.md": ("trainopt.perf", "trainopt_site.perf"),
+    "advanced/performance/benchmarking.md": (
+        "trainopt.perf.bench", "trainopt.perf", "trainopt_site.perf"),
+    "advanced/performance/distributed-training.md": (
+        "trainopt.perf.distributed", "trainopt.perf", "trainopt_site.perf"),
     "index.md": (),
     "glossary.md": (),
 }

@@ -36,7 +36,7 @@ class _Parser(Exception):
 
 
 def _commands() -> dict[str, tuple[object, argparse.ArgumentParser]]:
-    """``{module: (main, parser)}`` for every module of trainopt with a ``main(argv)``."""
+    """``{module: (main, parser)}`` for every module of trainopt and trainopt_site with a main."""
     found = {}
     original = cli.ArgumentParser.parse_args
 
@@ -157,7 +157,8 @@ def _run(main: object, argv: list[str]) -> tuple[int, str, str]:
 
 def test_every_command_is_found() -> None:
     assert {"trainopt.data.__main__", "trainopt.hpo.cli", "trainopt_site.diagnostics.runs",
-            "trainopt.stability.recipe", "trainopt.perf.bench.cli", "trainopt.perf.distributed.cli"} <= set(COMMANDS)
+            "trainopt.stability.recipe", "trainopt.perf.bench.cli",
+            "trainopt_site.perf.distributed.cli"} <= set(COMMANDS)
 
 
 @pytest.mark.parametrize("module, prefix, action", CASES,

@@ -13,7 +13,7 @@ import torch
 
 from trainopt.models import GPT, Block, gpt_config
 from trainopt.perf.bench.cli import main
-from trainopt.perf.bench.report import render
+from trainopt_site.perf.bench.report import render
 from trainopt.perf.compilation import (GraphCounter, compile_repeated_blocks, count_compilations, graph_breaks,
                                        measure_compile)
 
@@ -80,8 +80,11 @@ def test_the_compile_subcommand_writes_a_compile_results_file(tmp_path: Path) ->
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         code = main(["compile", "--batch-size", "2", "--seq-len", "8", "--compile-backend", "eager", "--steps", "1",
                      "--windows", "1", "--warmup", "1", "--max-warmup", "2", "--no-progress", "--out", str(out)])
-    assert code == 0 and "speed-up over eager" in printed.getvalue()
-    assert json.loads(out.read_text())["kind"] == "compile"
+    saved = json.loads(out.read_text())
+    assert code == 0 and saved["kind"] == "compile"
+    lines = {line.split()[0]: line for line in printed.getvalue().splitlines()[2:]}  # the summary
+    assert {row["mode"] for row in saved["rows"]} == set(lines)
+    assert all(f"{row['speedup']:.2f}x" in lines[row["mode"]] for row in saved["rows"])
 
 
 def test_a_missing_compile_file_names_its_command() -> None:

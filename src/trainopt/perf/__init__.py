@@ -14,7 +14,7 @@
   compile time against step time (compilation page).
 - :mod:`trainopt.perf.distributed`: DDP, FSDP2, rank agreement and the distributed page's checks.
 - :mod:`trainopt.perf.bench`: the benchmark harness, its timer, MFU definition and peak table,
-  results files and their renderer, and its command line (benchmarking page).
+  results files and their plain summary, and its command line (benchmarking page).
 """
 
 from trainopt.perf.bench.mfu import mfu

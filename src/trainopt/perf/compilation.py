@@ -10,7 +10,7 @@ The compilation page's code:
   compilation);
 - :func:`measure_compile` times the first compiled training step (the compile time) and the
   steady-state step against eager: ``python -m trainopt.perf.bench compile`` writes its
-  results file, which :func:`trainopt.perf.bench.report.render` shows.
+  results file, which the compilation page renders.
 """
 
 from __future__ import annotations

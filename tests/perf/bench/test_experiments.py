@@ -12,7 +12,7 @@ import torch
 
 from trainopt.perf.bench import experiments
 from trainopt.perf.bench.experiments import _relative, run, write_snapshot
-from trainopt.perf.bench.report import render
+from trainopt_site.perf.bench.report import render
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 BATCH, SEQ = 2, 16

@@ -1,5 +1,6 @@
-"""The one reader and renderer of results files (trainopt.perf.bench.results, .report, .plots), and
-every table the pages render: each shows only numbers that its results file holds."""
+"""The one reader of results files (trainopt.perf.bench.results), the pages' renderer and chart
+(trainopt_site.perf.bench.report and .plots), and every table the pages render: each shows only
+numbers that its results file holds."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from matplotlib.figure import Figure
 from trainopt.perf.bench.configs import BenchConfig
 from trainopt.perf.bench.experiments import run as run_experiments
 from trainopt.perf.bench.harness import run_matrix, speedup
-from trainopt.perf.bench.plots import plot_results
+from trainopt_site.perf.bench.plots import plot_results
 from trainopt.perf.bench.estimates import run as run_estimates
-from trainopt.perf.bench.report import NUMBER_FORMATS, PARTS, render
+from trainopt_site.perf.bench.report import NUMBER_FORMATS, PARTS, render
 from trainopt.perf.bench.results import SCHEMA, new_results, read_results
 from trainopt.perf.bench.scaling import run as run_scaling
 from trainopt.perf.bench.stability import run as run_stability
@@ -189,7 +190,7 @@ def page_renders(page: Path) -> list[tuple[str, str, dict[str, Any]]]:
     renders = []
     for dotted, options in found:
         opts = dict(re.findall(r":(\w+): (.*)", options))
-        if dotted.startswith("trainopt.perf.bench."):
+        if dotted.startswith("trainopt_site.perf.bench."):
             renders.append((dotted, opts.get("data", ""), json.loads(opts.get("kwargs", "{}"))))
     return renders
 

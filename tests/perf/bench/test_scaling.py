@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from trainopt.perf.bench.report import render
+from trainopt_site.perf.bench.report import render
 from trainopt.perf.bench.scaling import run
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from trainopt.perf.bench import stability
-from trainopt.perf.bench.report import render
+from trainopt_site.perf.bench.report import render
 from trainopt.perf.bench.stability import FORMS, paired_ratios, run
 
 COMMITTED = Path(__file__).resolve().parents[3] / "docs" / "_data" / "bench_stability_cpu.json"

@@ -1,5 +1,6 @@
-"""Tests of trainopt.perf.distributed and distributed_consistency: equivalence with one process, communication counts,
-lossy hooks measured, summed losses caught, rank-consistent decisions, launch and torchrun.
+"""Tests of trainopt.perf.distributed and its workshop (trainopt_site.perf.distributed): equivalence
+with one process, communication counts, lossy hooks measured, summed losses caught,
+rank-consistent decisions, launch and torchrun.
 
 The multi-process checks run once, in one 2-process gloo group on the CPU (starting a process
 that imports torch costs seconds), and each test below asserts one behaviour of the results.
@@ -30,8 +31,9 @@ from trainopt.perf.distributed.agreement import (
     nonfinite_flag,
 )
 from trainopt.perf.distributed.checks import raise_on_rank
-from trainopt.perf.distributed.cli import all_checks, main
-from trainopt.perf.distributed.compression import MEASURED_HOOKS, compression_table
+from trainopt_site.perf.distributed.cli import all_checks, main
+from trainopt.perf.distributed.compression import MEASURED_HOOKS
+from trainopt_site.perf.distributed.compression import compression_table
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs/advanced/performance/distributed-training.md"
@@ -199,8 +201,17 @@ def test_recorded_compression_results_cover_every_hook_and_render():
     assert f"{data['hooks']['fp16']['mean']:.1e}" in table
 
 
+def test_the_equivalence_command_prints_each_checks_parameter_difference(capsys):
+    main(["--equivalence", "--nprocs", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert {"ddp", "accumulation", "ddp_small_buckets"} <= {line.split(":")[0] for line in lines}
+    line_format = r"\w+: max parameter difference \d\.\de[+-]\d\d"
+    assert all(re.fullmatch(line_format, line) for line in lines), lines
+
+
 def test_the_pages_compression_command_writes_json(tmp_path):
-    (command,) = [c for c in _console_commands(PAGE) if c[:3] == ["python", "-m", "trainopt.perf.distributed"]]
+    prefix = ["python", "-m", "trainopt_site.perf.distributed"]
+    (command,) = [c for c in _console_commands(PAGE) if c[:3] == prefix]
     args = command[3:]
     args[args.index("--out") + 1] = str(tmp_path / "compression.json")
     main(args + ["--iterations", "3"])

@@ -17,8 +17,8 @@
 - ``compile --modes ...``: compile time, steady-state step, speed-up and break-even point of
   ``torch.compile`` modes against eager (:func:`trainopt.perf.compilation.measure_compile`).
 
-Each writes one results file (:mod:`trainopt.perf.bench.results`) and prints its tables
-(:mod:`trainopt.perf.bench.report`). A mistake in an argument prints one line and exits 2.
+Each writes one results file (:mod:`trainopt.perf.bench.results`) and prints its summary
+(:mod:`trainopt.perf.bench.summary`). A mistake in an argument prints one line and exits 2.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from trainopt.perf.bench.configs import (
 )
 from trainopt.perf.bench.harness import recipe_pair, run_matrix, speedup
 from trainopt.perf.bench.mfu import peak_flops_for
-from trainopt.perf.bench.report import render
 from trainopt.perf.bench.results import write_results
+from trainopt.perf.bench.summary import summary
 from trainopt.perf.precision import PRECISIONS, supported_precisions
 
 ALL_TIME_BUDGET_S = 480.0  # `all --preset h100` fits in one 10-minute GPU call, compilation included
@@ -363,7 +363,7 @@ def _estimate(args: argparse.Namespace, command: str) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand, write its results file, print its tables; returns the exit status.
+    """Run one subcommand, write its results file, print its summary; returns the exit status.
 
     Example:
         >>> import contextlib, io, json, tempfile
@@ -375,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ...                  "--compile-backend", "eager", "--warmup", "1", "--max-warmup", "2",
         ...                  "--steps", "1",
         ...                  "--windows", "1", "--no-progress", "--out", str(out)])
-        >>> code, "Speed-up" in printed.getvalue(), json.loads(out.read_text())["kind"]
+        >>> code, "speed-up of" in printed.getvalue(), json.loads(out.read_text())["kind"]
         (0, True, 'bench')
     """
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -389,5 +389,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = run(args, command)
     if args.command != "all":
         write_results(results, args.out)
-    print(render(results))
+    print(summary(results), end="")
     return 0

@@ -12,8 +12,8 @@ config) and, for each precision, optimizer and with or without activation checkp
 - computes what Accelerate's ``accelerate estimate-memory`` gives for the same model
   (:func:`accelerate_estimate`).
 
-The memory page renders the file (:func:`family_table`, through
-:func:`trainopt.perf.bench.report.render`).
+The command prints a summary of the file (:mod:`trainopt.perf.bench.summary`); the memory page
+renders it as a table.
 """
 
 from __future__ import annotations
@@ -294,31 +294,3 @@ def run(families: Sequence[str] | None = None, precisions: Sequence[str] = ("fp3
     results["rows"] = rows
     results["seconds"] = time.perf_counter() - started
     return results
-
-
-def _mib(num_bytes: float) -> str:  # the renderer's MiB format (trainopt.perf.bench.report)
-    return f"{num_bytes / 2**20:,.1f}"
-
-
-def _error(fraction: float) -> str:  # the renderer's signed error format
-    return f"{fraction * 100:+.2f}%"
-
-
-def family_table(results: Results) -> list[str]:
-    """The rows of an ``estimate`` results file as a Markdown table (the renderer's ``families`` part).
-
-    Example:
-        >>> from trainopt.perf.bench.estimates import family_table, run
-        >>> lines = family_table(run(["mlp"], precisions=["fp32"], optimizers=["sgd"], checkpointing=[False]))
-        >>> lines[0].split(" | ")[:4]
-        ['| family', 'parameters', 'precision', 'optimizer']
-    """
-    header = ["family", "parameters", "precision", "optimizer", "checkpointing", "estimate (MiB)",
-              "measured peak (MiB)", "error", "peak phase", "Accelerate (MiB)", "Accelerate's error"]
-    lines = ["| " + " | ".join(header) + " |", "| --- | " + " | ".join(["---:"] * (len(header) - 1)) + " |"]
-    for r in results["rows"]:
-        cells = [r["family"], f"{r['parameters']:,.0f}", r["precision"], r["optimizer"],
-                 "blocks" if r["checkpointing"] else "none", _mib(r["estimate_bytes"]), _mib(r["measured_bytes"]),
-                 _error(r["error"]), r["peak_phase"], _mib(r["accelerate_bytes"]), _error(r["accelerate_error"])]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines

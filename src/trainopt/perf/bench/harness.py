@@ -17,7 +17,7 @@ activation checkpointing, AdamW implementation, attention backend, batch and seq
 :func:`build_matrix` varies one field at a time around a base configuration (or every
 combination with ``grid=True``); :func:`run_matrix` runs a list of configurations with a
 progress bar and a time budget, and writes JSON after each one, so an interrupted run keeps
-what it measured. :mod:`trainopt.perf.bench.report` turns the JSON into tables.
+what it measured. :mod:`trainopt.perf.bench.summary` prints the JSON as a summary.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ JSON object:
 
 ``meta`` (:func:`environment`) says where, when and from which commit the numbers come, and
 whether the working tree had uncommitted changes (``git_dirty``): a committed results file
-comes from a clean tree. :func:`read_results` is the one reader; :mod:`trainopt.perf.bench.report`
-is the one renderer.
+comes from a clean tree. :func:`read_results` is the one reader;
+:func:`trainopt.perf.bench.summary.summary` prints a file on a terminal (the pages render their
+tables from the same files).
 """
 
 from __future__ import annotations

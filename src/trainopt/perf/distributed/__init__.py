@@ -12,7 +12,8 @@ Everything here calls torch's own machinery; nothing sends bytes by itself.
 - :mod:`~trainopt.perf.distributed.checkpoint`: sharded checkpoints (``torch.distributed.checkpoint``).
 - :mod:`~trainopt.perf.distributed.agreement`: decisions that must be the same on every rank.
 - :mod:`~trainopt.perf.distributed.checks` and :mod:`~trainopt.perf.distributed.compression`:
-  the page's multi-process checks (demonstrations), run by ``python -m trainopt.perf.distributed``.
+  the page's multi-process checks, which train one way on several ranks and one way in one
+  process and return the differences (``launch(ddp_check, 2)``).
 """
 
 from trainopt.perf.distributed.agreement import (

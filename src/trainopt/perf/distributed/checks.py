@@ -7,13 +7,12 @@ batch as a reference, and returns numbers to compare: the largest parameter diff
 all-reduce counts, gradient errors. The functions live here, in an importable module, because
 spawned processes import what they run.
 
-Run as a script, it measures the gradient error of the lossy DDP hooks and writes JSON, or runs
-every equivalence check (``--equivalence``, also under ``torchrun``):
+The Distributed Training page's command (``trainopt_site.perf.distributed``, run from a checkout
+of the repository) runs every check in one group, also under ``torchrun``:
 
 .. code-block:: console
 
-    $ python -m trainopt.perf.distributed --out docs/_data/distributed_compression.json
-    $ torchrun --standalone --nproc-per-node 2 -m trainopt.perf.distributed --equivalence
+    $ torchrun --standalone --nproc-per-node 2 -m trainopt_site.perf.distributed --equivalence
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
-"""python -m trainopt.perf.distributed: run every check, or measure the lossy hooks and write JSON."""
+"""python -m trainopt_site.perf.distributed: run every check, or measure the lossy hooks (JSON)."""
 
 from __future__ import annotations
 
 import json
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -23,9 +22,10 @@ from trainopt.perf.distributed.checks import (
     summed_loss_check,
     token_loss_check,
 )
-from trainopt.perf.distributed.compression import compression_check, measure_compression
+from trainopt.perf.distributed.compression import compression_check
 from trainopt.perf.distributed.fsdp import fsdp2_available
 from trainopt.perf.distributed.processes import init_from_env, launch
+from trainopt_site.perf.distributed.compression import measure_compression
 
 
 def all_checks(sharded: bool | None = None) -> dict[str, Any]:
@@ -33,7 +33,7 @@ def all_checks(sharded: bool | None = None) -> dict[str, Any]:
 
     Example:
         >>> from trainopt.perf.distributed import single_process_group
-        >>> from trainopt.perf.distributed.cli import all_checks
+        >>> from trainopt_site.perf.distributed.cli import all_checks
         >>> with single_process_group():
         ...     results = all_checks(sharded=False)
         >>> sorted(results)[:3], results["ddp"]["max_param_diff"] <= 1e-5
@@ -63,14 +63,15 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     Example:
         >>> from trainopt.config.cli import run_command
-        >>> from trainopt.perf.distributed.cli import main
+        >>> from trainopt_site.perf.distributed.cli import main
         >>> import contextlib, io
         >>> with contextlib.redirect_stderr(io.StringIO()) as err:
         ...     status = run_command(main, [])  # neither --out nor --equivalence
         >>> status, err.getvalue()
         (2, 'error: --out/--equivalence: give --out FILE, --equivalence, or both\n')
     """
-    parser = ArgumentParser(prog="python -m trainopt.perf.distributed", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m trainopt_site.perf.distributed",
+                            description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=output_file, help="measure the lossy hooks and write this JSON file")
     parser.add_argument("--equivalence", action="store_true",
                         help="run every equivalence check and print the results (works under torchrun)")
@@ -89,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             results = launch(all_checks, args.nprocs)[0]
         if int(os.environ.get("RANK", "0")) == 0:
             for name, record in results.items():
-                if "max_param_diff" in record:
+                if isinstance(record, dict) and "max_param_diff" in record:  # not is_main_process
                     print(f"{name}: max parameter difference {record['max_param_diff']:.1e}")
     if args.out is not None:
         record = measure_compression(args.nprocs, args.iterations)

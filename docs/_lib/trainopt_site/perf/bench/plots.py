@@ -16,7 +16,7 @@ def plot_results(source: str | os.PathLike | Results, title: str = "") -> Figure
     A missing results file gives a figure that says so.
 
     Example:
-        >>> from trainopt.perf.bench.plots import plot_results
+        >>> from trainopt_site.perf.bench.plots import plot_results
         >>> fig = plot_results("bench_h100.json")  # no such file here
         >>> fig.axes[0].texts[0].get_text()
         'no results in bench_h100.json yet'

@@ -1,6 +1,6 @@
 """Tables of every benchmark results file, as MyST Markdown: the one renderer of the pages.
 
-:func:`render` reads a results file (:func:`~trainopt.perf.bench.results.read_results`) and
+:func:`render` reads a results file (:func:`trainopt.perf.bench.results.read_results`) and
 renders the parts a page asks for. It formats numbers that are in the file and computes none:
 speed-ups, ratios and errors are stored by the benchmark that measured them, so a page can't
 show a number that wasn't measured. Every table ends with its label: hardware, software, date
@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainopt.perf.bench.estimates import family_table
 from trainopt.perf.bench.mfu import PEAK_TFLOPS
 from trainopt.perf.bench.results import Results, hardware, label, read_results
 
@@ -338,12 +337,24 @@ def _compile_speedup(results: Results) -> list[str]:
             "steps after a warm-up."]
 
 
+def _estimate_families(results: Results) -> list[str]:
+    """The rows of an ``estimate`` results file (``python -m trainopt.perf.bench estimate``)."""
+    header = ["family", "parameters", "precision", "optimizer", "checkpointing",
+              "estimate (MiB)", "measured peak (MiB)", "error", "peak phase", "Accelerate (MiB)",
+              "Accelerate's error"]
+    rows = [[r["family"], f"{r['parameters']:,.0f}", r["precision"], r["optimizer"],
+             "blocks" if r["checkpointing"] else "none", _mib(r["estimate_bytes"]),
+             _mib(r["measured_bytes"]), _error(r["error"]), r["peak_phase"],
+             _mib(r["accelerate_bytes"]), _error(r["accelerate_error"])] for r in results["rows"]]
+    return _table(header, rows)
+
+
 PARTS: dict[str, dict[str, Callable[[Results], list[str]]]] = {
     "bench": {"results": _bench_results, "recipe": _bench_recipe, "goal": _bench_goal, "profile": _bench_profile},
     "stability": {"overhead": _stability_overhead},
     "scaling": {"efficiency": _scaling_efficiency},
     "compile": {"speedup": _compile_speedup},
-    "estimate": {"families": family_table},
+    "estimate": {"families": _estimate_families},
     "experiments": {"environment": _experiments_environment, "precision": _experiments_precision,
                     "estimate": _experiments_estimate, "checkpointing": _experiments_checkpointing,
                     "recommendation": _experiments_recommendation, "phases": _experiments_phases,
@@ -370,7 +381,7 @@ def _missing(path: Path) -> str:
 def render(source: str | os.PathLike | Results, parts: Sequence[str] | None = None) -> str:
     """MyST Markdown of the ``parts`` of a results file (default: all of its kind).
 
-    Every table is followed by its label (:func:`~trainopt.perf.bench.results.label`: hardware,
+    Every table is followed by its label (:func:`trainopt.perf.bench.results.label`: hardware,
     software, date, commit); parts without a table are labelled once, at the end.
 
     Args:
@@ -378,7 +389,7 @@ def render(source: str | os.PathLike | Results, parts: Sequence[str] | None = No
         parts: Names from :data:`PARTS` for the file's kind.
 
     Example:
-        >>> from trainopt.perf.bench.report import render
+        >>> from trainopt_site.perf.bench.report import render
         >>> print(render("bench_a100.json"))
         *No results in `bench_a100.json` yet: `python -m trainopt.perf.bench all --preset a100
         --out-dir docs/_data` on the machine it names writes them.*
@@ -405,10 +416,11 @@ def render(source: str | os.PathLike | Results, parts: Sequence[str] | None = No
 
 
 def render_device_peaks() -> str:
-    """The dense peak TFLOP/s per precision that MFU divides by (:data:`~trainopt.perf.bench.mfu.PEAK_TFLOPS`).
+    """The dense peak TFLOP/s per precision that MFU divides by
+    (:data:`trainopt.perf.bench.mfu.PEAK_TFLOPS`).
 
     Example:
-        >>> from trainopt.perf.bench.report import render_device_peaks
+        >>> from trainopt_site.perf.bench.report import render_device_peaks
         >>> for line in render_device_peaks().splitlines()[:3]:
         ...     print(line)
         | device | fp32 | tf32 | bf16 | fp16 |
