@@ -172,4 +172,6 @@ def test_the_estimate_command_writes_a_results_file_and_prints_its_table(tmp_pat
     assert main(["estimate", "--families", "mlp", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 8 and all(abs(r["error"]) < 0.05 for r in rows)
-    assert capsys.readouterr().out.startswith("| family | parameters | precision |")
+    printed = capsys.readouterr().out.splitlines()  # the plain summary: a header, then a row each
+    assert printed[0].startswith("estimate results on CPU") and printed[1].split()[:2] == ["family", "precision"]
+    assert len(printed) == 2 + len(rows) and all(line.split()[0] == "MLP" for line in printed[2:])

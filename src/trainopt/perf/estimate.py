@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainopt.config.precisions import PRECISIONS
+
 OPTIMIZER_STATE_BYTES: dict[str, int] = {"sgd": 0, "sgd_momentum": 4, "adam": 8, "adamw": 8}
 
 
@@ -120,8 +122,8 @@ def gpt_activation_bytes(config: Any, batch_size: int, seq_len: int, precision: 
         >>> parts["blocks"] == 2 * (128 * 64 * (8 + 14 * 4) + 128 * (16 + 4 * 4))
         True
     """
-    if precision not in ("fp32", "tf32", "bf16", "fp16"):
-        raise ValueError(f"precision must be one of ['fp32', 'tf32', 'bf16', 'fp16'], got {precision!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
     if not 0 <= checkpointed_layers <= config.n_layer:
         raise ValueError(f"checkpointed_layers must be in [0, {config.n_layer}], got {checkpointed_layers=}")
     a = 2 if precision in ("bf16", "fp16") else 4

@@ -23,15 +23,9 @@ from typing import Any
 
 import torch
 
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
-SCALERS: tuple[str, ...] = ("trainopt", "torch")
+from trainopt.config.precisions import AUTOCAST_DTYPES, PRECISIONS
 
-_AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
-    "fp32": None,
-    "tf32": None,
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-}
+SCALERS: tuple[str, ...] = ("trainopt", "torch")
 
 
 class PrecisionNotSupportedError(RuntimeError):
@@ -269,7 +263,7 @@ class Precision:
         device_type = torch.device(device).type
         matmul = MatmulSettings("high" if name == "tf32" else "highest", name == "tf32")
         loss_scaler = make_scaler(scaler, device_type, init_scale, growth_interval) if name == "fp16" else None
-        return cls(name, device_type, _AUTOCAST_DTYPES[name], matmul, loss_scaler)
+        return cls(name, device_type, AUTOCAST_DTYPES[name], matmul, loss_scaler)
 
     def autocast(self) -> torch.autocast:
         """A ``torch.autocast`` context for the forward pass; disabled for fp32 and tf32."""

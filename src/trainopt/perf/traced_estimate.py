@@ -26,6 +26,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves, tree_map
 
+from trainopt.config.precisions import AUTOCAST_DTYPES
 from trainopt.perf.estimate import CUDA_WORKSPACE_BYTES, MemoryEstimate
 from trainopt.perf.memory import _CHECKPOINTED, apply_activation_checkpointing
 from trainopt.perf.peak import LiveStorageTracker
@@ -38,9 +39,6 @@ OPTIMIZERS: dict[str, Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]]
 }
 """The optimizers :func:`estimate_step_memory` builds by name, with torch's default kernels."""
 
-AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "tf32": None, "bf16": torch.bfloat16,
-                                                  "fp16": torch.float16}
-"""Autocast's dtype for each precision (``None``: no autocast, fp32 activations)."""
 
 Checkpointing = type | tuple | Callable[[nn.Module], bool] | Iterable[str | nn.Module] | None
 

@@ -6,12 +6,14 @@ from typing import Any
 
 import torch
 
+from trainopt.config.precisions import ALIASES, AUTOCAST_DTYPES
 from trainopt.stability.optimizers import check_no_step_hooks, check_skippable, keep_state_on_device
 
 __all__ = ["DTYPES", "check_settings", "is_metric_scheduler", "step_with_metric"]
 
-DTYPES = {None: None, "fp32": None, "float32": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-          "fp16": torch.float16, "float16": torch.float16}
+# the stabilizer's autocast names: the one vocabulary's, less tf32 (a matmul mode, not a dtype)
+DTYPES = {None: None, **{name: AUTOCAST_DTYPES[name] for name in ("fp32", "bf16", "fp16")},
+          **{alias: AUTOCAST_DTYPES[name] for alias, name in ALIASES.items()}}
 
 
 def is_metric_scheduler(scheduler: Any) -> bool:
