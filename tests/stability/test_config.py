@@ -104,8 +104,6 @@ def test_a_flat_keyword_and_its_group_together_are_refused(tmp_path) -> None:
 @pytest.mark.parametrize("build, old, new, read", [
     (lambda **k: TrainingRecovery(torch.nn.Linear(1, 1), None, None, **k), "max_recovery_attempts",
      "max_rollbacks", lambda r: r.max_rollbacks),
-    (lambda **k: TrainingRecovery(torch.nn.Linear(1, 1), None, None, **k), "spike_threshold",
-     "spike_factor", lambda r: r.spike_factor),
     (lambda **k: CheckpointManager(k.pop("folder"), **k), "save_frequency", "save_every",
      lambda m: m.save_every),
     (lambda **k: LossSpikeDetector(**k), "threshold", "spike_factor", lambda d: d.spike_factor),

@@ -3,7 +3,7 @@
 - :mod:`~trainopt.concepts.rules`: SGD, RMSProp, Adam and AdamW steps, global-norm clipping,
   loss scaling and a warm-up cosine schedule, each checked against ``torch.optim`` in the tests.
 - :mod:`~trainopt.concepts.demos`: the page's experiments and figures (a demonstration).
-- :mod:`~trainopt.concepts.mup`: μP for the project's GPT, and the page's width sweep of the learning rate.
+- :mod:`~trainopt.concepts.mup`: μP for the project's GPT.
 """
 
 from trainopt.concepts.rules import (

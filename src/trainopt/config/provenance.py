@@ -1,7 +1,7 @@
 """Where a results file came from: the commit of the code that ran, and whether it was changed.
 
 Every command that records numbers for the pages (``python -m trainopt.perf.bench``,
-``python -m trainopt.hpo.overhead``, ``python -m trainopt.stability.corpus``) labels them with
+``python -m trainopt.hpo.overhead``, ``python -m trainopt_site.stability.corpus``) labels them with
 :func:`git_state`, so a table can say which code made it and a reader can tell a clean run from a
 run of uncommitted changes.
 """

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("lightning", reason="needs trainopt[lightning]")
 
-from trainopt.stability.integrations.checks import lightning_run  # noqa: E402
+from trainopt_site.stability.integrations.checks import lightning_run  # noqa: E402
 
 
 TOLERANCE = 1e-6  # a rate that changes inside a window reaches the optimizer as a float32 tensor

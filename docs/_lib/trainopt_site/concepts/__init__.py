@@ -1,0 +1,1 @@
+"""The concepts page's workshop (``concepts/optimization.md``): its demonstrations and sweeps."""
