@@ -129,7 +129,9 @@ workshop_docstrings = Sybil(
     teardown=_docstrings_teardown,
 )
 
-pytest_collect_file = (docs + docstrings + workshop_docstrings).pytest()
+_collection = docs + docstrings  # a SybilCollection
+_collection.append(workshop_docstrings)
+pytest_collect_file = _collection.pytest()
 
 
 # pytest-xdist (``make test`` runs ``-n 2``). Every file is one unit of work that one worker runs
