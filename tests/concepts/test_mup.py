@@ -1,4 +1,7 @@
-"""μP for the GPT (trainopt.concepts.mup): the parametrization, and a reduced rerun of the page's sweep."""
+"""μP for the GPT (trainopt.concepts.mup), and a reduced rerun of the page's sweep.
+
+The sweep is the site's: :mod:`trainopt_site.concepts.mup_sweep`.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +10,9 @@ from pathlib import Path
 
 import torch
 
-from trainopt.concepts.mup import (
-    MuAttention, MuReadout, best_lrs, final_loss, mup_gpt, mup_param_groups, mup_sweep_figure, mup_sweep_table,
-)
+from trainopt.concepts.mup import MuAttention, MuReadout, mup_gpt, mup_param_groups
 from trainopt.models import GPT, gpt_config
+from trainopt_site.concepts.mup_sweep import best_lrs, final_loss, mup_sweep_figure, mup_sweep_table
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs/_data/mup_sweep.json"

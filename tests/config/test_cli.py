@@ -72,8 +72,8 @@ def test_a_bug_keeps_its_traceback() -> None:
 @pytest.mark.parametrize(("args", "field"), [
     (["-m", "trainopt.data", "no-such.yaml"], "name"),
     (["-m", "trainopt.data", "a", "b"], "b"),
-    (["-m", "trainopt.stability.faults"], "--out"),
-    (["-m", "trainopt.stability.faults", "--out", "x.json", "--steps", "0"], "--steps"),
+    (["-m", "trainopt_site.stability.faults"], "--out"),
+    (["-m", "trainopt_site.stability.faults", "--out", "x.json", "--steps", "0"], "--steps"),
     (["-m", "trainopt_site.diagnostics.runs", "--out", "runs", "--faults", "nope"], "--faults"),
     (["-m", "trainopt_site.diagnostics.runs", "--out", "runs", "--steps", "x"], "--steps"),
     (["-m", "trainopt.perf.distributed"], "--out/--equivalence"),

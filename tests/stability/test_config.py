@@ -104,8 +104,6 @@ def test_a_flat_keyword_and_its_group_together_are_refused(tmp_path) -> None:
 @pytest.mark.parametrize("build, old, new, read", [
     (lambda **k: TrainingRecovery(torch.nn.Linear(1, 1), None, None, **k), "max_recovery_attempts",
      "max_rollbacks", lambda r: r.max_rollbacks),
-    (lambda **k: TrainingRecovery(torch.nn.Linear(1, 1), None, None, **k), "spike_threshold",
-     "spike_factor", lambda r: r.spike_factor),
     (lambda **k: CheckpointManager(k.pop("folder"), **k), "save_frequency", "save_every",
      lambda m: m.save_every),
     (lambda **k: LossSpikeDetector(**k), "threshold", "spike_factor", lambda d: d.spike_factor),
@@ -119,6 +117,16 @@ def test_a_second_name_warns_works_and_clashes_with_the_first(build, old, new, r
     assert read(built) == 2
     with pytest.raises(TypeError, match=rf"both {old}= and {new}="):
         build(**{old: 2, new: 5}, **extra)
+
+
+@pytest.mark.parametrize("name", ["spike_factor", "explosion_factor", "min_history", "spike_threshold"])
+def test_the_recoverys_old_scoring_knobs_warn_and_are_ignored(name: str) -> None:
+    """0.4's TrainingRecovery scored spikes on the host; the monitors do, so its knobs do nothing."""
+    with pytest.warns(DeprecationWarning, match=rf"TrainingRecovery\({name}=\.\.\.\) is deprecated and "
+                                                r"ignored: .* say detection=Detection\(spike_factor|"
+                                                rf"TrainingRecovery\({name}=\.\.\.\) is deprecated"):
+        recovery = TrainingRecovery(torch.nn.Linear(1, 1), None, None, **{name: 3})
+    assert not hasattr(recovery, "spike_threshold") or name != "spike_factor"
 
 
 def test_one_name_per_knob_in_every_public_constructor() -> None:

@@ -1,6 +1,6 @@
 """Fault injection on a real training run (digits MLP): every fault is survived.
 
-One module-scoped run of :func:`trainopt.stability.faults.run_fault_injection` (a clean run and
+One module-scoped run of :func:`trainopt_site.stability.faults.run_fault_injection` (a clean run and
 a faulty run with the same seed and data order) feeds every test here.
 """
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainopt.stability.faults import (
+from trainopt_site.stability.faults import (
     DEFAULT_FAULTS,
     EXPECTED,
     fault_injection_table,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trainopt.perf.distributed.processes import launch
-from trainopt.stability.rank_agreement import rank_agreement_check
+from trainopt_site.stability.rank_agreement import rank_agreement_check
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@
   loss scaling and a warm-up cosine schedule, each checked against ``torch.optim`` in the tests.
 - :mod:`~trainopt.concepts.training`: Adam on the digits MLP under warm-up and cosine decay, the
   page's training runs (:func:`~trainopt.concepts.training.train_digits_adam`).
-- :mod:`~trainopt.concepts.mup`: μP for the project's GPT, and the page's width sweep of the learning rate.
+- :mod:`~trainopt.concepts.mup`: μP for the project's GPT (its width sweep is the site's workshop).
 """
 
 from trainopt.concepts.rules import (

@@ -21,7 +21,6 @@
 - :mod:`~trainopt.stability.recipe`: the page's complete recipe as a command that resumes.
 - :mod:`~trainopt.stability.logits`: z-loss and QK-norm, which keep a large model's logits small.
 - :mod:`~trainopt.stability.syncs`: count host-device synchronisations.
-- :mod:`~trainopt.stability.faults`: the page's fault-injection run (a demonstration).
 """
 
 from trainopt.stability.averaging import masked_update_parameters

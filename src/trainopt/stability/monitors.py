@@ -32,7 +32,7 @@ class LossSpikeDetector:
 
     The defaults come from the healthy and faulty corpora of the stability page: at
     ``spike_factor=4`` (and the gradient monitor's ``explosion_factor=6``) the healthy runs of
-    ``python -m trainopt.stability.corpus`` skip about one batch in ten thousand, and a batch with
+    ``python -m trainopt_site.stability.corpus`` skip about one batch in ten thousand, and a batch with
     every label wrong scores above it once the model has learnt anything.
 
     Example:

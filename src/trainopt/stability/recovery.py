@@ -1,28 +1,29 @@
-"""Automatic recovery from training instability: detect, roll back, lower the learning rate.
+"""Automatic recovery from training instability: decide, roll back, lower the learning rate.
 
-:class:`TrainingRecovery` decides *whether* a run is unstable (a non-finite loss, a loss spike by
-robust z-score, a gradient-norm explosion), and *recovers*: it reloads the newest valid
+:class:`TrainingRecovery` decides *whether* a run needs a rollback, from the report a
+:class:`~trainopt.stability.checker.StabilityChecker` made of a window (non-finite weights, a
+diverging run, too many flagged steps in a row: :meth:`TrainingRecovery.rollback_reason`; the
+spikes themselves are scored on the device by :func:`~trainopt.stability.statistics.tail_score`),
+and *recovers*: it reloads the newest valid
 checkpoint through a :class:`~trainopt.stability.checkpoint.CheckpointManager`, multiplies the learning
 rate by ``lr_factor`` in a way the scheduler keeps
 (:func:`~trainopt.stability.rates.scale_learning_rate`), optionally
 skips the next batches, and gives up with :class:`TrainingInstabilityError` after
 ``max_rollbacks``.
 
-It reads only host values (floats, or a report that a :class:`~trainopt.stability.stabilizer.StabilityChecker`
-produced with one sync), so it runs at the ``check_every`` boundaries, not inside the step.
+It reads only host values (a report the checker produced with one sync), so it runs at the
+``check_every`` boundaries, not inside the step.
 """
 
 from __future__ import annotations
 
-import math
-import statistics
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from trainopt.stability.config import deprecated_name
+from trainopt.stability.config import RENAMED, deprecated_name
 from trainopt.stability.rates import check_scalable, lr_scale, scale_learning_rate
 
 __all__ = ["TrainingInstabilityError", "TrainingRecovery", "scale_learning_rate"]
@@ -44,17 +45,8 @@ class TrainingInstabilityError(RuntimeError):
     """
 
 
-def _tail_score(value: float, window: Sequence[float], rel_floor: float = 1e-2) -> float:
-    """:func:`~trainopt.stability.statistics.tail_score` on host values."""
-    finite = [x for x in window if math.isfinite(x)]
-    if not finite:
-        return math.nan
-    median = statistics.median(finite)
-    return (value - median) / max(max(finite) - median, rel_floor * abs(median), 1e-8)
-
-
 class TrainingRecovery:
-    """Detect instability and roll back to the last good checkpoint with a lower learning rate.
+    """Decide when to roll back; roll back to the last good checkpoint with a lower learning rate.
 
     Args:
         model: The model to restore.
@@ -69,23 +61,20 @@ class TrainingRecovery:
             spike and skipped 200 to 500 batches (Chowdhery et al. 2022, arXiv:2204.02311).
         max_rollbacks: Rollbacks allowed before :class:`TrainingInstabilityError`
             (``max_recovery_attempts=``, its former name, is deprecated).
-        spike_factor: Score above which a loss is a spike: how many times the window's range
-            (its largest value minus its median) the loss lies above the median.
-        explosion_factor: The same score for a gradient norm.
-        min_history: Values needed before the spike and explosion tests apply.
-        patience: Consecutive flagged steps that call for a rollback (:meth:`check`).
+        patience: Consecutive flagged steps that call for a rollback (:meth:`rollback_reason`).
+            What counts as a spike or an explosion is the monitors' business
+            (:class:`~trainopt.stability.config.Detection`), scored on the device.
 
     Example:
         >>> import torch
         >>> from trainopt.stability import TrainingRecovery
         >>> recovery = TrainingRecovery(torch.nn.Linear(2, 1), None, None)
-        >>> losses = [2.0 - 0.01 * i for i in range(30)]
-        >>> recovery.detect_instability(losses) is None
+        >>> recovery.rollback_reason({"max_streak": 3, "reasons": ["3 loss spikes"]}) is None
         True
-        >>> recovery.detect_instability(losses + [25.0])
-        'loss spike (score ...)'
-        >>> recovery.detect_instability(losses + [float("nan")])
-        'non-finite loss'
+        >>> recovery.rollback_reason({"max_streak": 10, "reasons": ["10 loss spikes"]})
+        '10 consecutive unstable steps (10 loss spikes)'
+        >>> recovery.rollback_reason({"weights_finite": False})
+        'non-finite weights'
     """
 
     def __init__(
@@ -98,28 +87,30 @@ class TrainingRecovery:
         lr_factor: float = 0.5,
         skip_batches: int = 0,
         max_rollbacks: int = 3,
-        spike_factor: float = 4.0,
-        explosion_factor: float = 6.0,
-        min_history: int = 20,
         patience: int = 10,
         *,
         max_recovery_attempts: int | None = None,
+        spike_factor: float | None = None,
+        explosion_factor: float | None = None,
+        min_history: int | None = None,
         spike_threshold: float | None = None,
     ) -> None:
         max_rollbacks = deprecated_name("TrainingRecovery", "max_recovery_attempts", max_recovery_attempts,
                                         max_rollbacks, 3)
-        spike_factor = deprecated_name("TrainingRecovery", "spike_threshold", spike_threshold, spike_factor,
-                                       4.0)
+        ignored = [name for name, value in (("spike_factor", spike_factor), ("explosion_factor", explosion_factor),
+                                            ("min_history", min_history), ("spike_threshold", spike_threshold))
+                   if value is not None]
+        if ignored:  # 0.4 scored spikes here too; the monitors do it now, on the device
+            warnings.warn(f"TrainingRecovery({ignored[0]}=...) is deprecated and ignored: the monitors score "
+                          f"spikes; say detection=Detection({RENAMED.get(ignored[0], ignored[0])}=...) to the "
+                          "stabilizer or the guard", DeprecationWarning, stacklevel=2)
         if not isinstance(lr_factor, (int, float)) or not 0 < lr_factor <= 1:
             raise ValueError(f"lr_factor must be in (0, 1], got {lr_factor=}")
         for name, value, low in (("skip_batches", skip_batches, 0),
                                  ("max_rollbacks", max_rollbacks, 1),
-                                 ("min_history", min_history, 2), ("patience", patience, 1)):
+                                 ("patience", patience, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {name}={value!r}")
-        for name, value in (("spike_factor", spike_factor), ("explosion_factor", explosion_factor)):
-            if not isinstance(value, (int, float)) or not 0 < value < math.inf:
-                raise ValueError(f"{name} must be a positive finite number, got {name}={value!r}")
         self.model = model
         self.optimizer = optimizer
         self.checkpoint_manager = checkpoint_manager
@@ -128,9 +119,6 @@ class TrainingRecovery:
         self.lr_factor = float(lr_factor)
         self.skip_batches = skip_batches
         self.max_rollbacks = max_rollbacks
-        self.spike_factor = float(spike_factor)
-        self.explosion_factor = float(explosion_factor)
-        self.min_history = min_history
         self.patience = patience
         check_scalable(scheduler)  # refuse a scheduler that would undo the cut now, not at a rollback
         self.recovery_attempts = 0
@@ -138,37 +126,7 @@ class TrainingRecovery:
         self.batches_to_skip = 0
         self.history: list[dict[str, Any]] = []
 
-    # -- detection (host values) --------------------------------------------------------------
-
-    def detect_instability(
-        self, losses: Sequence[float], grad_norms: Sequence[float] | None = None
-    ) -> str | None:
-        """Why the newest values look unstable, or ``None``.
-
-        The newest loss is tested against the ones before it: non-finite, or more than
-        ``spike_factor`` times their range above their median. The newest gradient norm is
-        tested the same way against ``explosion_factor``. A falling loss or gradient norm is
-        never unstable (a "max > 10 × min" rule over the window flags those).
-        """
-        if losses:
-            last = float(losses[-1])
-            if not math.isfinite(last):
-                return "non-finite loss"
-            previous = [float(x) for x in losses[:-1]]
-            if len(previous) >= self.min_history:
-                score = _tail_score(last, previous)
-                if score > self.spike_factor:
-                    return f"loss spike (score {score:.1f})"
-        if grad_norms:
-            last = float(grad_norms[-1])
-            if not math.isfinite(last):
-                return "non-finite gradient norm"
-            previous = [float(x) for x in grad_norms[:-1] if math.isfinite(x)]
-            if len(previous) >= self.min_history:
-                score = _tail_score(last, previous)
-                if score > self.explosion_factor:
-                    return f"gradient explosion (score {score:.1f}, norm {last:.3g})"
-        return None
+    # -- the decision ---------------------------------------------------------------------------
 
     def rollback_reason(self, report: Mapping[str, Any]) -> str | None:
         """Why a :class:`~trainopt.stability.stabilizer.StabilityChecker` report calls for a rollback, or ``None``.
@@ -203,13 +161,6 @@ class TrainingRecovery:
         warnings.warn("TrainingRecovery.max_recovery_attempts is deprecated: say max_rollbacks",
                       DeprecationWarning, stacklevel=2)
         return self.max_rollbacks
-
-    @property
-    def spike_threshold(self) -> float:
-        """Deprecated: say :attr:`spike_factor`."""
-        warnings.warn("TrainingRecovery.spike_threshold is deprecated: say spike_factor",
-                      DeprecationWarning, stacklevel=2)
-        return self.spike_factor
 
     # -- recovery ------------------------------------------------------------------------------
 

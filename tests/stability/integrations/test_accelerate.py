@@ -7,7 +7,7 @@ from extras import require
 
 require("accelerate", "hf")
 
-from trainopt.stability.integrations.checks import accelerate_run  # noqa: E402
+from trainopt_site.stability.integrations.checks import accelerate_run  # noqa: E402
 
 
 TOLERANCE = 1e-6  # a rate that changes inside a window reaches the optimizer as a float32 tensor

@@ -16,7 +16,7 @@ from extras import require
 
 require("transformers", "hf")
 
-from trainopt.stability.integrations.checks import hf_run  # noqa: E402
+from trainopt_site.stability.integrations.checks import hf_run  # noqa: E402
 
 
 TOLERANCE = 1e-6  # a rate that changes inside a window reaches the optimizer as a float32 tensor

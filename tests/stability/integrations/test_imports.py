@@ -18,7 +18,7 @@ import json, sys
 import trainopt.stability
 after_stability = [m for m in sys.modules if 'integrations' in m]
 import trainopt.stability.integrations.hf, trainopt.stability.integrations.lightning
-import trainopt.stability.integrations.accelerate, trainopt.stability.integrations.checks
+import trainopt.stability.integrations.accelerate, trainopt.stability.integrations.tiny
 print(json.dumps({"after_stability": after_stability, "top_level": sorted({n.split('.')[0] for n in sys.modules})}))
 """
 

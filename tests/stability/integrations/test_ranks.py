@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trainopt.perf.distributed.processes import launch
-from trainopt.stability.integrations.checks import rank_runs
+from trainopt_site.stability.integrations.checks import rank_runs
 
 # framework -> (the modules it needs, the extra that installs them)
 FRAMEWORKS = {"hf": (("transformers", "accelerate"), "trainopt[hf]"),

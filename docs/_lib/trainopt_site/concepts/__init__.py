@@ -1,1 +1,1 @@
-"""The concepts page's demonstrations and figures."""
+"""The concepts page's workshop (``concepts/optimization.md``): its demonstrations, figures and sweeps."""

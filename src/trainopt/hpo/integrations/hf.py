@@ -5,8 +5,9 @@ evaluation, :func:`pruning_callback`'s callback reports ``eval_loss`` at ``state
 through a :class:`~trainopt.hpo.reporter.TrialReporter`, which raises ``optuna.TrialPruned`` when
 the study's pruner says stop (and :class:`~trainopt.hpo.reporter.TrialDiverged` on a NaN). The
 exception leaves ``trainer.train()``, and the worker records the trial as PRUNED (or FAIL) with
-its reason. :func:`trainer_objective` is the page's objective: the tiny Llama of the integration
-tests (built from its config, no download) learns a fixed next-token rule, with the trial's
+its reason. :func:`trainer_objective` is the page's objective: the tiny Llama
+(:func:`~trainopt.stability.integrations.tiny.tiny_causal_lm`, built from its config, no
+download) learns a fixed next-token rule, with the trial's
 ``TrainingArguments``. ``transformers`` is imported when these functions are called, not before.
 """
 
@@ -20,11 +21,10 @@ import optuna
 import torch
 
 from trainopt.hpo.reporter import TrialReporter
+from trainopt.stability.integrations.tiny import VOCAB
 
 __all__ = ["pruning_callback", "rule_data", "trainer_objective"]
 
-VOCAB = 32
-"""The tiny Llama's vocabulary (see :func:`trainopt.stability.integrations.checks.tiny_causal_lm`)."""
 
 
 @functools.cache
@@ -117,7 +117,7 @@ def trainer_objective(trial: optuna.Trial, params: dict[str, Any]) -> float:
     """
     from transformers import PrinterCallback, Trainer, TrainingArguments
 
-    from trainopt.stability.integrations.checks import tiny_causal_lm
+    from trainopt.stability.integrations.tiny import tiny_causal_lm
 
     callback = pruning_callback(trial)
     with tempfile.TemporaryDirectory() as out_dir:

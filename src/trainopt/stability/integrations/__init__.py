@@ -7,6 +7,8 @@
   and :mod:`~trainopt.stability.integrations.accelerate`: each framework's way in. Each imports its
   framework only when called, and nothing here imports them: ``import trainopt.stability`` needs
   none of ``transformers``, ``lightning`` or ``accelerate``.
+- :mod:`~trainopt.stability.integrations.tiny`: the tiny Llama the trainer examples train (built
+  from its config; ``transformers`` imported when called).
 """
 
 from trainopt.stability.integrations.guard import GuardedOptimizer, WindowScheduler

@@ -18,9 +18,10 @@ from typing import Any
 import torch
 
 from trainopt.stability.integrations.guard import GuardedOptimizer
+from trainopt.stability.integrations.tiny import VOCAB, tiny_causal_lm
 
-__all__ = ["accelerate_run", "flat_weights", "hf_run", "lightning_run", "rank_run", "rank_runs", "regression_data",
-           "tiny_causal_lm"]
+__all__ = ["accelerate_run", "flat_weights", "hf_run", "lightning_run", "rank_run", "rank_runs",
+           "regression_data"]
 
 BATCH = 4
 
@@ -30,7 +31,7 @@ def flat_weights(model: torch.nn.Module) -> torch.Tensor:
 
     Example:
         >>> import torch
-        >>> from trainopt.stability.integrations.checks import flat_weights
+        >>> from trainopt_site.stability.integrations.checks import flat_weights
         >>> flat_weights(torch.nn.Linear(3, 2)).shape
         torch.Size([8])
     """
@@ -51,7 +52,7 @@ def regression_data(n_batches: int, nan_batch: int | None = None, drop_batch: in
     """``BATCH * ranks * n_batches`` rows of a noisy linear task; one batch NaN or left out.
 
     Example:
-        >>> from trainopt.stability.integrations.checks import regression_data
+        >>> from trainopt_site.stability.integrations.checks import regression_data
         >>> len(regression_data(5)), len(regression_data(5, drop_batch=2))
         (20, 16)
     """
@@ -79,22 +80,6 @@ def _optimizer_pair(model: torch.nn.Module, total: int) -> tuple[torch.optim.Opt
     return optimizer, schedule
 
 
-def tiny_causal_lm() -> torch.nn.Module:
-    """A one-layer Llama with a 32-token vocabulary, built from its config (no download).
-
-    Example:
-        >>> from trainopt.stability.integrations.checks import tiny_causal_lm
-        >>> sum(p.numel() for p in tiny_causal_lm().parameters()) < 10_000
-        True
-    """
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16)
-    return LlamaForCausalLM(config)
-
-
 class _LMData(torch.utils.data.Dataset):
     """Float inputs (``inputs_embeds``), so that a batch can be NaN; next-token labels."""
 
@@ -102,7 +87,7 @@ class _LMData(torch.utils.data.Dataset):
         g = torch.Generator().manual_seed(2)
         n = n_batches * BATCH * ranks
         self.embeds = _poison(torch.randn(n, 8, 16, generator=g), nan_batch, ranks)
-        self.labels = torch.randint(0, 32, (n, 8), generator=g)
+        self.labels = torch.randint(0, VOCAB, (n, 8), generator=g)
         if drop_batch is not None:
             keep = [i for i in range(n) if not drop_batch * BATCH <= i < (drop_batch + 1) * BATCH]
             self.embeds, self.labels = self.embeds[keep], self.labels[keep]
@@ -121,7 +106,7 @@ def hf_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batches: int 
 
     Example:
         >>> import tempfile
-        >>> from trainopt.stability.integrations.checks import hf_run
+        >>> from trainopt_site.stability.integrations.checks import hf_run
         >>> hf_run(tempfile.mkdtemp(), {"check_every": 2}, n_batches=4, nan_batch=1)["skipped"]
         1
     """
@@ -173,7 +158,7 @@ def lightning_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batche
 
     Example:
         >>> import tempfile
-        >>> from trainopt.stability.integrations.checks import lightning_run
+        >>> from trainopt_site.stability.integrations.checks import lightning_run
         >>> lightning_run(tempfile.mkdtemp(), {"check_every": 2}, n_batches=4, nan_batch=1)["skipped"]
         1
     """
@@ -229,7 +214,7 @@ def accelerate_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batch
 
     Example:
         >>> import tempfile
-        >>> from trainopt.stability.integrations.checks import accelerate_run
+        >>> from trainopt_site.stability.integrations.checks import accelerate_run
         >>> accelerate_run(tempfile.mkdtemp(), {"check_every": 2}, n_batches=4, nan_batch=1)["skipped"]
         1
     """
@@ -276,7 +261,7 @@ def rank_run(framework: str, out_dir: str) -> dict[str, Any]:
     """One rank of a 2-rank run (:func:`~trainopt.perf.distributed.processes.launch`): rank 0 alone sees a NaN batch.
 
     Example:
-        >>> from trainopt.stability.integrations.checks import rank_run
+        >>> from trainopt_site.stability.integrations.checks import rank_run
         >>> try:
         ...     rank_run("keras", ".")
         ... except ValueError as error:
@@ -298,7 +283,7 @@ def rank_runs(frameworks: list[str], out_dir: str) -> dict[str, dict[str, Any]]:
     the ``Trainer`` and Accelerate run ``gc.collect()`` after training); both are restored afterwards.
 
     Example:
-        >>> from trainopt.stability.integrations.checks import rank_runs
+        >>> from trainopt_site.stability.integrations.checks import rank_runs
         >>> rank_runs([], ".")
         {}
     """

@@ -159,7 +159,7 @@ def run_fault_injection(
         ``fault``, ``step``, ``expected``, ``observed`` and ``survived``.
 
     Example:
-        >>> from trainopt.stability.faults import run_fault_injection
+        >>> from trainopt_site.stability.faults import run_fault_injection
         >>> result = run_fault_injection({"nan_gradients": 3, "diverged_weights": 23},
         ...                              steps=40, check_every=10)
         >>> for row in result["rows"]:
@@ -198,14 +198,14 @@ def run_fault_injection(
 def fault_injection_table(path: str | Path) -> str:
     """The table of faults injected vs survived, as MyST Markdown, from a result JSON file.
 
-    The file is what ``python -m trainopt.stability.faults --out <path>`` writes (the page's
+    The file is what ``python -m trainopt_site.stability.faults --out <path>`` writes (the page's
     table is built from it at build time; a test reruns the experiment and compares).
 
     Example:
         >>> import json
         >>> import tempfile
         >>> from pathlib import Path
-        >>> from trainopt.stability.faults import fault_injection_table
+        >>> from trainopt_site.stability.faults import fault_injection_table
         >>> result = {"rows": [{"fault": "nan_gradients", "step": 40, "expected": "step skipped",
         ...                     "observed": "step skipped", "survived": True}],
         ...           "clean": {"val_loss": 0.1, "val_accuracy": 0.97},
@@ -217,7 +217,7 @@ def fault_injection_table(path: str | Path) -> str:
         | `nan_gradients` | 40 | step skipped | step skipped | yes |
     """
     if not Path(path).exists():
-        return ("*Not recorded yet.* Run `python -m trainopt.stability.faults --out "
+        return ("*Not recorded yet.* Run `python -m trainopt_site.stability.faults --out "
                 "docs/_data/stability_fault_injection.json` to write the table.\n")
     result = json.loads(Path(path).read_text())
     lines = ["| fault | step | expected | observed | survived |", "| --- | ---: | --- | --- | :---: |"]
@@ -237,17 +237,17 @@ def fault_injection_table(path: str | Path) -> str:
 
 
 def build_parser() -> ArgumentParser:
-    """The command line of ``python -m trainopt.stability.faults``.
+    """The command line of ``python -m trainopt_site.stability.faults``.
 
     Example:
-        >>> from trainopt.stability.faults import build_parser
+        >>> from trainopt_site.stability.faults import build_parser
         >>> args = build_parser().parse_args(["--out", "faults.json", "--steps", "50"])
         >>> args.out, args.steps
         (PosixPath('faults.json'), 50)
         >>> build_parser().parse_args(["--out", "faults.json"]).steps
         200
     """
-    parser = ArgumentParser(prog="python -m trainopt.stability.faults",
+    parser = ArgumentParser(prog="python -m trainopt_site.stability.faults",
                                      description="Train the digits MLP clean and with injected faults; write JSON.")
     parser.add_argument("--out", type=output_file, required=True, help="JSON file to write")
     parser.add_argument("--steps", type=positive_int, default=200, help="training steps of each run (default 200)")
@@ -261,7 +261,7 @@ def fault_injection_figure(path: str | Path) -> Any:
         >>> import json
         >>> import tempfile
         >>> from pathlib import Path
-        >>> from trainopt.stability.faults import fault_injection_figure
+        >>> from trainopt_site.stability.faults import fault_injection_figure
         >>> result = {"clean": {"loss_curve": [2.0, 1.0, 0.5]},
         ...           "faulty": {"loss_curve": [2.0, None, 0.6], "recoveries": [],
         ...                      "observed": {"inf_loss": {"call": 1}}}}
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         >>> import json
         >>> import tempfile
         >>> from pathlib import Path
-        >>> from trainopt.stability.faults import main
+        >>> from trainopt_site.stability.faults import main
         >>> import contextlib, io
         >>> out = Path(tempfile.mkdtemp()) / "faults.json"
         >>> with contextlib.redirect_stdout(io.StringIO()) as printed:

@@ -22,7 +22,7 @@ them alone):
 - ``stdlib``: the GPT as a character-level language model on Python's own standard-library
   sources, real text present on every machine.
 
-:func:`build_task` returns what a training loop needs; :mod:`trainopt.stability.corpus` trains
+:func:`build_task` returns what a training loop needs; :mod:`trainopt_site.stability.corpus` trains
 each task through the stabilizer and through plain torch, with and without faults.
 """
 
@@ -53,7 +53,7 @@ def generated_text(sentences: int = 4000, seed: int = 0) -> str:
     """English-like text from a fixed grammar: enough structure for a small model to learn.
 
     Example:
-        >>> from trainopt.stability.corpus_runs import generated_text
+        >>> from trainopt_site.stability.corpus_runs import generated_text
         >>> text = generated_text(3, seed=1)
         >>> text.count("."), text == generated_text(3, seed=1)
         (3, True)
@@ -69,7 +69,7 @@ def stdlib_text(chars: int = 200_000) -> str:
     The ``.py`` files next to :mod:`os`, in sorted order: real text that every machine has.
 
     Example:
-        >>> from trainopt.stability.corpus_runs import stdlib_text
+        >>> from trainopt_site.stability.corpus_runs import stdlib_text
         >>> text = stdlib_text(1000)
         >>> len(text), max(map(ord, text)) < 128
         (1000, True)
@@ -89,7 +89,7 @@ class Task:
     """A model, an optimizer's settings, and batches: what one corpus run trains.
 
     Example:
-        >>> from trainopt.stability.corpus_runs import build_task
+        >>> from trainopt_site.stability.corpus_runs import build_task
         >>> task = build_task("language", batch_size=2)
         >>> x, y = task.batch(0)
         >>> x.shape, bool((x[:, 1:] == y[:, :-1]).all())  # next-character targets
@@ -304,7 +304,7 @@ def build_task(name: str, batch_size: int, seed: int = 0, start: torch.nn.Module
     ``start`` replaces the freshly initialised model (a fine-tune starts from a trained one).
 
     Example:
-        >>> from trainopt.stability.corpus_runs import build_task
+        >>> from trainopt_site.stability.corpus_runs import build_task
         >>> task = build_task("digits", batch_size=16)
         >>> x, y = task.batch(0)
         >>> x.shape, task.steps_per_epoch

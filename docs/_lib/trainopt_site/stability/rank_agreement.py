@@ -93,7 +93,7 @@ def rank_agreement_check(folder: str | None = None, calls: int = 70) -> dict[str
         the number of checkpoint files this rank ``writes``.
 
     Example:
-        >>> from trainopt.stability.rank_agreement import LOSS_SPIKES, NAN_LOSSES
+        >>> from trainopt_site.stability.rank_agreement import LOSS_SPIKES, NAN_LOSSES
         >>> sorted(set(LOSS_SPIKES.values()) | set(NAN_LOSSES.values()))  # each rank has its own trouble
         [0, 1]
     """

@@ -1,4 +1,4 @@
-"""The stability page's classifier tables, from what ``python -m trainopt.stability.corpus`` wrote.
+"""The stability page's classifier tables, from what ``python -m trainopt_site.stability.corpus`` wrote.
 
 Healthy runs by family (runs, rolled back, the most steps skipped in a run, aborted) and faulty
 runs by fault and onset step (runs, caught, missed), with the false-positive and miss rates.
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainopt.stability.corpus import HEALTHY, RISING
+from trainopt_site.stability.corpus import HEALTHY, RISING
 
 __all__ = ["classifier", "family", "render"]
 
@@ -36,8 +36,8 @@ def family(name: str) -> str:
     """The family of a healthy run, by its name: the rows of the page's healthy table.
 
     Example:
-        >>> from trainopt.stability.corpus import HEALTHY
-        >>> from trainopt.stability.corpus_table import family
+        >>> from trainopt_site.stability.corpus import HEALTHY
+        >>> from trainopt_site.stability.corpus_table import family
         >>> family(HEALTHY[0].name), family(HEALTHY[-1].name)
         ('digits MLP, AdamW', 'digits MLP, fine-tune with warm-up and decay')
     """
@@ -60,7 +60,7 @@ def classifier(results: dict[str, Any]) -> dict[str, Any]:
     missed.
 
     Example:
-        >>> from trainopt.stability.corpus_table import classifier
+        >>> from trainopt_site.stability.corpus_table import classifier
         >>> rows = [{"kind": "healthy", "run": "a b", "skipped": 1, "steps": 200, "rollbacks": 0,
         ...          "error": None},
         ...         {"kind": "faulty", "fault": "labels", "fault_at": 60, "caught": False},
@@ -99,16 +99,16 @@ def classifier(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(source: str | Path) -> str:
-    """The page's classifier tables of a results file from ``python -m trainopt.stability.corpus``.
+    """The page's classifier tables of a results file from ``python -m trainopt_site.stability.corpus``.
 
     Example:
-        >>> from trainopt.stability.corpus_table import render
+        >>> from trainopt_site.stability.corpus_table import render
         >>> print(render("no-such-file.json"))
-        *No results yet: `python -m trainopt.stability.corpus --out no-such-file.json` writes them.*
+        *No results yet: `python -m trainopt_site.stability.corpus --out no-such-file.json` writes them.*
     """
     source = Path(source)
     if not source.exists():
-        return (f"*No results yet: `python -m trainopt.stability.corpus --out {source.name}` "
+        return (f"*No results yet: `python -m trainopt_site.stability.corpus --out {source.name}` "
                 "writes them.*")
     results = json.loads(source.read_text())
     table = classifier(results)
@@ -141,7 +141,7 @@ def render(source: str | Path) -> str:
               "end within the spread of plain torch over runs with random state "
               f"{results['seeds']}. "
               "Written by "
-              f"`python -m trainopt.stability.corpus` with torch {made.get('torch', '?')} on "
+              f"`python -m trainopt_site.stability.corpus` with torch {made.get('torch', '?')} on "
               f"{made.get('machine', '?')}, {made.get('date', '?')}, "
               f"commit {made.get('git_commit', '?')}"
               f"{' (uncommitted changes)' if made.get('git_dirty') else ''}.*"]
