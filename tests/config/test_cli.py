@@ -76,8 +76,8 @@ def test_a_bug_keeps_its_traceback() -> None:
     (["-m", "trainopt_site.stability.faults", "--out", "x.json", "--steps", "0"], "--steps"),
     (["-m", "trainopt_site.diagnostics.runs", "--out", "runs", "--faults", "nope"], "--faults"),
     (["-m", "trainopt_site.diagnostics.runs", "--out", "runs", "--steps", "x"], "--steps"),
-    (["-m", "trainopt.perf.distributed"], "--out/--equivalence"),
-    (["-m", "trainopt.perf.distributed", "--out", "x.json", "--nprocs", "0"], "--nprocs"),
+    (["-m", "trainopt_site.perf.distributed"], "--out/--equivalence"),
+    (["-m", "trainopt_site.perf.distributed", "--out", "x.json", "--nprocs", "0"], "--nprocs"),
 ])
 def test_commands_report_a_mistake_in_one_line(args: list[str], field: str, tmp_path: Path) -> None:
     _assert_one_line_error(_run(*args, cwd=tmp_path), field)

@@ -119,16 +119,6 @@ def test_a_second_name_warns_works_and_clashes_with_the_first(build, old, new, r
         build(**{old: 2, new: 5}, **extra)
 
 
-@pytest.mark.parametrize("name", ["spike_factor", "explosion_factor", "min_history", "spike_threshold"])
-def test_the_recoverys_old_scoring_knobs_warn_and_are_ignored(name: str) -> None:
-    """0.4's TrainingRecovery scored spikes on the host; the monitors do, so its knobs do nothing."""
-    with pytest.warns(DeprecationWarning, match=rf"TrainingRecovery\({name}=\.\.\.\) is deprecated and "
-                                                r"ignored: .* say detection=Detection\(spike_factor|"
-                                                rf"TrainingRecovery\({name}=\.\.\.\) is deprecated"):
-        recovery = TrainingRecovery(torch.nn.Linear(1, 1), None, None, **{name: 3})
-    assert not hasattr(recovery, "spike_threshold") or name != "spike_factor"
-
-
 def test_one_name_per_knob_in_every_public_constructor() -> None:
     """No public class takes a second name of a knob except as a deprecated keyword (default None)."""
     for name in stability.__all__:

@@ -57,8 +57,9 @@ def _recovery(**kwargs) -> TrainingRecovery:
 def test_recovery_scores_nothing_itself_the_monitors_do_on_the_device() -> None:
     """One tail score: a spike is scored by the monitors (``Detection``), not by the recovery."""
     for knob in ("spike_factor", "explosion_factor", "min_history", "spike_threshold"):
-        with pytest.raises(TypeError, match=knob):
-            _recovery(**{knob: 4})
+        with pytest.warns(DeprecationWarning, match=rf"\({knob}=\.\.\.\) is deprecated and ignored"):
+            recovery = _recovery(**{knob: 4})
+        assert not any(hasattr(recovery, name) for name in ("spike_factor", "explosion_factor", "min_history"))
     assert not hasattr(TrainingRecovery, "detect_instability")
 
 

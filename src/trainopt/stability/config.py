@@ -14,10 +14,13 @@ Deprecated, for one release (each warns with :class:`DeprecationWarning` and kee
 
 - the front doors' flat keywords for these knobs (``TrainingStabilizer(..., spike_factor=3.0)``):
   give ``detection=Detection(spike_factor=3.0)`` instead;
-- the second names of three knobs: ``max_recovery_attempts`` (say ``max_rollbacks``),
-  ``save_frequency`` (say ``save_every``), ``spike_threshold`` and ``threshold`` (say
-  ``spike_factor``), in :class:`~trainopt.stability.recovery.TrainingRecovery`,
-  :class:`~trainopt.stability.checkpoint.CheckpointManager` and the loss monitors;
+- the second names of three knobs: ``max_recovery_attempts`` (say ``max_rollbacks``, in
+  :class:`~trainopt.stability.recovery.TrainingRecovery`), ``save_frequency`` (say
+  ``save_every``, in :class:`~trainopt.stability.checkpoint.CheckpointManager`) and
+  ``threshold`` (say ``spike_factor``, in the loss monitors);
+- :class:`~trainopt.stability.recovery.TrainingRecovery`'s scoring knobs (``spike_factor``,
+  ``spike_threshold``, ``explosion_factor``, ``min_history``): the monitors score spikes now, so
+  these warn and are ignored (say ``Detection(...)``);
 - ``TrainingStabilizer.total_skipped`` (say ``skipped_steps``, as the guard does) and the front
   doors' ``check()`` (say ``end_window()``).
 """
