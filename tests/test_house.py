@@ -33,6 +33,7 @@ SITE = DOCS / "_lib" / "trainopt_site"
 # Section packages (and the shared ones), bottom of the stack first; a package may import only
 # from packages of a lower rank (or its own).
 RANK = {
+    "trainopt.validation": -2,  # the one check of a numeric argument: everything uses it
     "trainopt.data": -1,  # files the package ships: the very bottom (models loads the digits)
     "trainopt.models": 0,
     "trainopt.schedules": 1,

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from trainopt.validation import check_int
 
 __all__ = [
     "GPT", "GPT_PRESETS", "MLP", "Block", "CausalSelfAttention", "GPTConfig", "digits_data", "digits_loaders",
@@ -208,9 +209,7 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for field in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"GPTConfig.{field} must be a positive int, got {value!r}")
+            check_int(field, getattr(self, field), 1, owner="GPTConfig")
         if self.n_embd % self.n_head:
             raise ValueError(
                 f"GPTConfig.n_embd must be divisible by n_head, got n_embd={self.n_embd}, "

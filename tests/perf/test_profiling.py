@@ -53,7 +53,7 @@ def test_timer_without_timed_steps_says_so():
 
 
 def test_timer_rejects_negative_warmup():
-    with pytest.raises(ValueError, match="warmup must be a non-negative int"):
+    with pytest.raises(ValueError, match="warmup must be an int >= 0"):
         StepTimer("cpu", warmup=-1)
 
 

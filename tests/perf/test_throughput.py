@@ -174,8 +174,8 @@ def test_state_dict_round_trip_continues_counting(clock):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"tokens_per_step": 0}, "tokens_per_step must be a positive int"),
-    ({"tokens_per_step": 8, "log_every": 0}, "log_every must be a positive int"),
+    ({"tokens_per_step": 0}, "tokens_per_step must be an int >= 1"),
+    ({"tokens_per_step": 8, "log_every": 0}, "log_every must be an int >= 1"),
 ])
 def test_bad_arguments_raise(kwargs, message):
     with pytest.raises(ValueError, match=message):

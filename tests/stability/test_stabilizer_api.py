@@ -126,7 +126,7 @@ def test_inconsistent_settings_are_refused_when_built(case: str, tmp_path: Path)
         "recovery and checkpoint_dir": "either checkpoint_dir",
         "a scheduler of another optimizer": "drives another optimizer",
         "schedulers and optimizers of different counts": "one scheduler \\(or None\\) per optimizer",
-        "accumulate=0": "accumulate must be a positive int",
+        "accumulate=0": "accumulate must be an int >= 1",
         "save_every=0": r"Rollback.save_every must be an int >= 1 or None, got save_every=0",
         "a step hook": "step hooks",
     }[case]

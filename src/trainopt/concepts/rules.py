@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from trainopt.validation import check_int
 
 # ---------------------------------------------------------------------------------------------
 # Gradient descent and momentum
@@ -355,8 +356,7 @@ def warmup_cosine_lr(step: int, *, max_lr: float, warmup_steps: int, total_steps
         ...  for t in (0, 5, 10, 60, 110, 500)]
         [0.0, 0.5, 1.0, 0.5, 0.0, 0.0]
     """
-    if not isinstance(warmup_steps, int) or warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be a non-negative int, got {warmup_steps=}")
+    check_int("warmup_steps", warmup_steps, 0)
     if not isinstance(total_steps, int) or total_steps <= warmup_steps:
         raise ValueError(f"total_steps must be an int > warmup_steps, got {total_steps=}, {warmup_steps=}")
     if step < warmup_steps:

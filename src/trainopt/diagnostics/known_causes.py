@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from trainopt.models import digits_data, digits_mlp
+from trainopt.validation import check_int
 
 CAUSES = ("healthy", "lr_too_high", "lr_too_low", "gradient_spike", "nan_sample", "high_momentum")
 """The known causes a generated run can have."""
@@ -90,8 +91,7 @@ def generate_run(
     """
     if (cause, optimizer) not in SETTINGS:
         raise ValueError(f"(cause, optimizer) must be one of {sorted(SETTINGS)}, got {(cause, optimizer)!r}")
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps=}")
+    check_int("steps", steps, 1)
     lr, momentum = SETTINGS[cause, optimizer]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # seconds per run on one core, and the same numbers on any machine

@@ -44,6 +44,7 @@ from trainopt.diagnostics.explosions import gradient_explosion, loss_explosion, 
 from trainopt.diagnostics.findings import SYMPTOMS, Finding, finding
 from trainopt.diagnostics.records import column
 from trainopt.diagnostics.resources import memory_checks, speed_checks
+from trainopt.validation import check_int
 
 __all__ = ["DEFAULTS", "SYMPTOMS", "Finding", "diagnose", "expected_loss", "first_nonfinite"]
 
@@ -83,8 +84,7 @@ def expected_loss(classes: int | None, initial_loss: float | None) -> float | No
             raise ValueError(f"initial_loss must be finite, got {initial_loss=}")
         return float(initial_loss)
     if classes is not None:
-        if isinstance(classes, bool) or not isinstance(classes, int) or classes < 2:
-            raise ValueError(f"classes must be an int >= 2, got {classes=}")
+        check_int("classes", classes, 2)
         return math.log(classes)
     return None
 

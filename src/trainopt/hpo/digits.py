@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from trainopt.hpo.reporter import TrialReporter
 from trainopt.models import digits_loaders, digits_mlp, evaluate
+from trainopt.validation import check_int
 
 OBJECTIVES = {"val_loss": "minimize", "val_accuracy": "maximize", "n_params": "minimize"}
 
@@ -36,8 +37,7 @@ def train_digits(lr: float = 1e-3, weight_decay: float = 1e-2, steps: int = 150,
         >>> val_accuracy > 0.8
         True
     """
-    if steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps=}")
+    check_int("steps", steps, 1)
     threads = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)

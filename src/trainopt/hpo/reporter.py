@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import optuna
+from trainopt.validation import check_int
 
 
 class TrialDiverged(Exception):
@@ -53,8 +54,7 @@ class TrialReporter:
     """
 
     def __init__(self, trial: optuna.Trial, report_every: int = 50, prune: bool = True) -> None:
-        if isinstance(report_every, bool) or not isinstance(report_every, int) or report_every < 1:
-            raise ValueError(f"report_every must be a positive int, got {report_every=}")
+        check_int("report_every", report_every, 1)
         self.trial = trial
         self.report_every = report_every
         self.prune = prune

@@ -29,6 +29,7 @@ from trainopt.hpo.space import SearchSpace, _config_error
 from trainopt.hpo.claims import budget_of, budget_trials, set_budget, trials_to_run  # noqa: F401
 from trainopt.hpo.storage import open_storage
 from trainopt.hpo.workers import Objective, run_worker
+from trainopt.validation import check_int
 
 SAMPLERS = ("qmc", "tpe", "random", "grid", "gp")
 PRUNERS = ("median", "successive-halving", "hyperband", "none")
@@ -174,8 +175,7 @@ def create_study(study_name: str, n_trials: int, storage: str | Path | BaseStora
         >>> budget_of(study), len(study.trials)  # the trials are created as workers claim them
         (3, 0)
     """
-    if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
-        raise ValueError(f"n_trials must be a positive int, got {n_trials=}")
+    check_int("n_trials", n_trials, 1)
     for direction in directions:
         if direction not in ("minimize", "maximize"):
             raise _config_error("study.directions", f"entries must be 'minimize' or 'maximize', got {direction!r}")

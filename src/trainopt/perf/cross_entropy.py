@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from trainopt.validation import check_int
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -88,8 +89,7 @@ def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, tar
     """
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size=}")
+    check_int("chunk_size", chunk_size, 1)
     if targets.shape != hidden.shape[:-1]:
         raise ValueError(f"targets must have shape {tuple(hidden.shape[:-1])}, got {tuple(targets.shape)}")
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])

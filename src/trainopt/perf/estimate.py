@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from trainopt.config.precisions import PRECISIONS
+from trainopt.validation import check_int
 
 OPTIMIZER_STATE_BYTES: dict[str, int] = {"sgd": 0, "sgd_momentum": 4, "adam": 8, "adamw": 8}
 
@@ -260,8 +261,7 @@ def estimate_training_memory(model: nn.Module, precision: str = "bf16", optimize
     """
     if implementation not in OPTIMIZER_IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {list(OPTIMIZER_IMPLEMENTATIONS)}, got {implementation!r}")
-    if not isinstance(checkpoint_every, int) or checkpoint_every < 0:
-        raise ValueError(f"checkpoint_every must be a non-negative int, got {checkpoint_every=}")
+    check_int("checkpoint_every", checkpoint_every, 0)
     if type(model).__name__ != "GPT" or not hasattr(model, "config"):
         raise TypeError(f"estimate_training_memory counts the parts of trainopt.models.GPT, got a {type(model).__name__}; "
                         "for any nn.Module use trainopt.perf.estimate_step_memory(model, example_batch, ...)")

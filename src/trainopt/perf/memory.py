@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+from trainopt.validation import check_int
 
 _CHECKPOINTED = "_trainopt_checkpointed_forward"
 
@@ -71,8 +72,7 @@ def apply_activation_checkpointing(
         >>> apply_activation_checkpointing(model, Block, every=2)
         ['blocks.0', 'blocks.2']
     """
-    if not isinstance(every, int) or every < 1:
-        raise ValueError(f"every must be a positive int, got {every=}")
+    check_int("every", every, 1)
     if isinstance(modules, type) or isinstance(modules, tuple):
         types = modules
         predicate: Callable[[nn.Module], bool] = lambda m: isinstance(m, types)  # noqa: E731

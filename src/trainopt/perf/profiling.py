@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
+from trainopt.validation import check_int
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -118,8 +119,7 @@ class StepTimer:
     """
 
     def __init__(self, device: str | torch.device = "cpu", warmup: int = 3) -> None:
-        if not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"warmup must be a non-negative int, got {warmup=}")
+        check_int("warmup", warmup, 0)
         self.device = torch.device(device)
         self.warmup = warmup
         self.use_cuda_events = self.device.type == "cuda"
@@ -235,8 +235,7 @@ class StepProfiler:
                  with_stack: bool = False) -> None:
         for name, value, low in (("wait", wait, 0), ("warmup", warmup, 0), ("active", active, 1),
                                  ("repeat", repeat, 1)):
-            if not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {name}={value!r}")
+            check_int(name, value, low)
         self.device = torch.device(device)
         self.total_steps = (wait + warmup + active) * repeat
         self.trace_dir = Path(trace_dir) if trace_dir is not None else None

@@ -24,6 +24,7 @@ import torch
 
 from trainopt.perf.bench.mfu import mfu, peak_flops_for
 from trainopt.perf.profiling import clock_mark, elapsed_ms, percentile
+from trainopt.validation import check_int
 
 
 @dataclass(frozen=True)
@@ -129,10 +130,8 @@ class ThroughputMonitor:
                  jsonl_path: str | Path | None = None, tensorboard_dir: str | Path | None = None,
                  writer: Any = None, alerts: Sequence[Callable[..., str | None]] = (),
                  on_alert: Callable[[str], None] = warn_alert) -> None:
-        if not isinstance(tokens_per_step, int) or tokens_per_step <= 0:
-            raise ValueError(f"tokens_per_step must be a positive int, got {tokens_per_step=}")
-        if not isinstance(log_every, int) or log_every <= 0:
-            raise ValueError(f"log_every must be a positive int, got {log_every=}")
+        check_int("tokens_per_step", tokens_per_step, 1)
+        check_int("log_every", log_every, 1)
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         if peak_flops is None and flops_per_token is not None:

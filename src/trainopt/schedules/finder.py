@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from trainopt.validation import check_int
 
 FINDER_MODES = ("exp", "linear")
 
@@ -84,8 +85,7 @@ class LearningRateFinder:
             raise ValueError(f"mode must be one of {FINDER_MODES}, got {mode=}")
         if not 0 < start_lr < end_lr:
             raise ValueError(f"need 0 < start_lr < end_lr, got {start_lr=}, {end_lr=}")
-        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 2:
-            raise ValueError(f"num_steps must be an int >= 2, got {num_steps=}")
+        check_int("num_steps", num_steps, 2)
         fractions = [i / (num_steps - 1) for i in range(num_steps)]
         if mode == "exp":
             return [start_lr * (end_lr / start_lr) ** f for f in fractions]

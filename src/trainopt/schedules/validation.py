@@ -1,9 +1,12 @@
-"""Argument checks shared by the schedules: each error names the argument and what is allowed."""
+"""Argument checks of the schedules, through :mod:`trainopt.validation`: each error names the argument."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+from trainopt.validation import check_int as _check_int
+from trainopt.validation import check_number
 
 
 def check_int(name: str, value: Any, minimum: int = 0) -> None:
@@ -18,8 +21,7 @@ def check_int(name: str, value: Any, minimum: int = 0) -> None:
         ...     print(exc)
         total_steps must be an int >= 1, got total_steps=2.5
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {name}={value!r}")
+    _check_int(name, value, minimum)
 
 
 def check_float(name: str, value: Any, low: float = 0.0, high: float = math.inf) -> None:
@@ -32,10 +34,9 @@ def check_float(name: str, value: Any, low: float = 0.0, high: float = math.inf)
         ...     check_float("decay_rate", 1.5, 0.0, 1.0)
         ... except ValueError as exc:
         ...     print(exc)
-        decay_rate must be a number in [0.0, 1.0], got decay_rate=1.5
+        decay_rate must be a number in [0, 1], got decay_rate=1.5
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ValueError(f"{name} must be a number in [{low}, {high}], got {name}={value!r}")
+    check_number(name, value, low, high, low_open=False, high_open=False)
 
 
 def check_run(total_steps: int, warmup_steps: int) -> None:

@@ -47,6 +47,7 @@ from trainopt.stability.checkpoint_files import (
 )
 from trainopt.stability.fit import load_all_or_nothing
 from trainopt.stability.rng import get_rng_state, set_rng_state
+from trainopt.validation import check_int
 
 __all__ = ["CheckpointError", "CheckpointManager"]
 
@@ -89,10 +90,8 @@ class CheckpointManager:
                  keep_last: int | None = 3, *, save_frequency: int | None = None):
         save_every = deprecated_name("CheckpointManager", "save_frequency", save_frequency, save_every,
                                      1000)
-        if not isinstance(save_every, int) or isinstance(save_every, bool) or save_every < 1:
-            raise ValueError(f"save_every must be a positive int, got {save_every=}")
-        if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
-            raise ValueError(f"keep_last must be a positive int or None, got {keep_last=}")
+        check_int("save_every", save_every, 1)
+        check_int("keep_last", keep_last, 1, none_ok=True)
         self.save_dir = Path(save_dir)
         self.save_dir.mkdir(parents=True, exist_ok=True)
         self.save_every = save_every
@@ -217,8 +216,7 @@ class CheckpointManager:
         Returns:
             The path of the step checkpoint.
         """
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be a non-negative int, got {step=}")
+        check_int("step", step, 0)
         loss = float(loss.item() if isinstance(loss, torch.Tensor) else loss)
         extra = extra or {}
         for name, obj in extra.items():

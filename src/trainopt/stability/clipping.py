@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from trainopt.validation import check_int
 
 __all__ = [
     "AdaptiveGradientClipper",
@@ -188,8 +189,7 @@ class _RunningClipper:
     def __init__(self, beta: float, warmup_steps: int, norm_type: float) -> None:
         if not 0.0 <= float(beta) < 1.0:
             raise ValueError(f"beta must be in [0, 1), got {beta=}")
-        if not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be a non-negative int, got {warmup_steps=}")
+        check_int("warmup_steps", warmup_steps, 0)
         self.beta = float(beta)
         self.warmup_steps = warmup_steps
         self.norm_type = float(norm_type)

@@ -32,6 +32,8 @@ import math
 import warnings
 from typing import Any
 
+from trainopt.validation import check_int, check_number
+
 __all__ = ["Detection", "Rollback", "deprecated_name", "grouped_settings"]
 
 # old name -> the one name it now has
@@ -40,19 +42,11 @@ RENAMED = {"max_recovery_attempts": "max_rollbacks", "save_frequency": "save_eve
 
 
 def _integer(owner: str, name: str, value: Any, low: int, none_ok: bool = False) -> None:
-    if none_ok and value is None:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        allowed = f"an int >= {low}" + (" or None" if none_ok else "")
-        raise ValueError(f"{owner}.{name} must be {allowed}, got {name}={value!r}")
+    check_int(name, value, low, none_ok=none_ok, owner=owner)
 
 
 def _number(owner: str, name: str, value: Any, high: float = math.inf, closed: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value
-    ok = ok and (value <= high if closed else value < high)
-    if not ok:
-        span = f"in (0, {high:g}]" if closed else "a positive finite number"
-        raise ValueError(f"{owner}.{name} must be {span}, got {name}={value!r}")
+    check_number(name, value, high=high, high_open=not closed, owner=owner)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +115,7 @@ class Rollback:
         ...     Rollback(lr_factor=2.0)
         ... except ValueError as error:
         ...     print(error)
-        Rollback.lr_factor must be in (0, 1], got lr_factor=2.0
+        Rollback.lr_factor must be a number in (0, 1], got lr_factor=2.0
     """
 
     save_every: int | None = None
@@ -195,8 +189,14 @@ def grouped_settings(owner: str, detection: Detection | None, rollback: Rollback
         values[group][name] = value
     built = []
     for group, (cls, given) in groups.items():
-        built.append(given if given is not None else cls(**values[group]))
-        if not isinstance(built[-1], cls):
-            raise TypeError(f"{owner}({group}=...) must be a {cls.__name__}, "
-                            f"got a {type(built[-1]).__name__}")
+        if given is None:
+            given = cls(**values[group])
+        elif not isinstance(given, cls):
+            # the same class from a second import of this module (a test harness that imports a
+            # file by path): rebuilt field by field; anything else is refused
+            if type(given).__name__ != cls.__name__ or not dataclasses.is_dataclass(given):
+                raise TypeError(f"{owner}({group}=...) must be a {cls.__name__}, "
+                                f"got a {type(given).__name__}")
+            given = cls(**dataclasses.asdict(given))
+        built.append(given)
     return built[0], built[1]

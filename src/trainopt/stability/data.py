@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from trainopt.validation import check_int
 
 __all__ = ["ResumableDataLoader", "ResumableSampler"]
 
@@ -57,8 +58,7 @@ class ResumableSampler(torch.utils.data.Sampler[list[int]]):
 
     def __init__(self, num_samples: int, batch_size: int, seed: int = 0) -> None:
         for name, value in (("num_samples", num_samples), ("batch_size", batch_size)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
+            check_int(name, value, 1)
         if batch_size > num_samples:
             raise ValueError(f"batch_size must not exceed num_samples, got {batch_size=}, {num_samples=}")
         self.num_samples, self.batch_size, self.seed = num_samples, batch_size, int(seed)

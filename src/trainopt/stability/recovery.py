@@ -25,6 +25,7 @@ import torch
 
 from trainopt.stability.config import RENAMED, deprecated_name
 from trainopt.stability.rates import check_scalable, lr_scale, scale_learning_rate
+from trainopt.validation import check_int
 
 __all__ = ["TrainingInstabilityError", "TrainingRecovery", "scale_learning_rate"]
 
@@ -109,8 +110,7 @@ class TrainingRecovery:
         for name, value, low in (("skip_batches", skip_batches, 0),
                                  ("max_rollbacks", max_rollbacks, 1),
                                  ("patience", patience, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {name}={value!r}")
+            check_int(name, value, low)
         self.model = model
         self.optimizer = optimizer
         self.checkpoint_manager = checkpoint_manager

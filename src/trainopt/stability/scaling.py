@@ -41,6 +41,7 @@ import torch
 from trainopt.stability.optimizers import check_skippable, skips_in_kernel
 from trainopt.stability.scale_kernels import unscale_grads_, update_scale_with_hysteresis_
 from trainopt.stability.skip import fused_step, masked_step
+from trainopt.validation import check_int
 
 __all__ = ["DynamicLossScaler"]
 
@@ -115,10 +116,8 @@ class DynamicLossScaler:
             raise ValueError(f"growth_factor must be > 1.0, got {growth_factor=}")
         if not 0.0 < float(backoff_factor) < 1.0:
             raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor=}")
-        if not isinstance(growth_interval, int) or growth_interval < 1:
-            raise ValueError(f"growth_interval must be a positive int, got {growth_interval=}")
-        if not isinstance(hysteresis, int) or hysteresis < 1:
-            raise ValueError(f"hysteresis must be a positive int, got {hysteresis=}")
+        check_int("growth_interval", growth_interval, 1)
+        check_int("hysteresis", hysteresis, 1)
         if skip_mode not in ("sync", "mask"):
             raise ValueError(f"skip_mode must be 'sync' or 'mask', got {skip_mode=}")
         self._enabled = bool(enabled)

@@ -8,6 +8,7 @@ import torch
 
 from trainopt.config.precisions import ALIASES, AUTOCAST_DTYPES
 from trainopt.stability.optimizers import check_no_step_hooks, check_skippable, keep_state_on_device
+from trainopt.validation import check_int
 
 __all__ = ["DTYPES", "check_settings", "is_metric_scheduler", "step_with_metric"]
 
@@ -50,8 +51,7 @@ def step_with_metric(scheduler: Any, metric: float) -> None:
 
 
 def _positive_int(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
+    check_int(name, value, 1)
 
 
 def check_settings(model: torch.nn.Module, optimizers: list[Any], schedulers: list[Any], *, dtype: Any, scaler: Any,

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from trainopt.validation import check_int, check_number
+
 MAD_TO_SIGMA = 1.4826
 
 
@@ -148,10 +150,8 @@ def _as_finite_or_nan(x: torch.Tensor) -> torch.Tensor:
 
 
 def _check_int(name: str, value: int, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {name}={value!r}")
+    check_int(name, value, minimum)
 
 
 def _check_positive(name: str, value: float) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
-        raise ValueError(f"{name} must be a positive finite number, got {name}={value!r}")
+    check_number(name, value)

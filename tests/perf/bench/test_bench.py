@@ -240,11 +240,11 @@ def test_a_cpu_without_a_given_peak_gets_no_mfu() -> None:
 
 
 def test_measure_and_run_matrix_validate_step_counts_before_running() -> None:
-    with pytest.raises(ValueError, match="windows must be a positive int, got windows=0"):
+    with pytest.raises(ValueError, match="windows must be an int >= 1, got windows=0"):
         measure(BenchConfig(), windows=0)
-    with pytest.raises(ValueError, match="warmup_steps must be a non-negative int, got warmup_steps=-1"):
+    with pytest.raises(ValueError, match="warmup_steps must be an int >= 0, got warmup_steps=-1"):
         run_matrix([BenchConfig()], "cpu", warmup_steps=-1, progress=False)
-    with pytest.raises(ValueError, match="max_warmup_steps must be a positive int"):
+    with pytest.raises(ValueError, match="max_warmup_steps must be an int >= 1"):
         run_matrix([BenchConfig()], "cpu", max_warmup_steps=0, progress=False)
 
 

@@ -132,7 +132,7 @@ def test_table_shows_each_form_its_ratio_interval_reads_and_verdict(result: dict
 def test_bad_arguments_raise_before_running() -> None:
     with pytest.raises(ValueError, match="dtype must be"):
         run(size="tiny", device="cpu", dtype="fp16")
-    with pytest.raises(ValueError, match="windows must be a positive int"):
+    with pytest.raises(ValueError, match="windows must be an int >= 1"):
         run(size="tiny", device="cpu", windows=0)
     with pytest.raises(ValueError, match="sync_steps must be below check_every"):
         run(size="tiny", device="cpu", sync_steps=10, check_every=10)

@@ -277,7 +277,7 @@ def test_launch_names_the_failing_rank_and_stops_the_others():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(nprocs=0), "nprocs must be a positive int"),
+    (dict(nprocs=0), "nprocs must be an int >= 1"),
     (dict(nprocs=2, backend="mpi"), "backend must be 'gloo', 'nccl' or None"),
     (dict(nprocs=2, timeout=0), "timeout must be a positive number of seconds, got timeout=0"),
     (dict(nprocs=2, collective_timeout="60"), "collective_timeout must be a positive number of seconds"),
@@ -306,7 +306,7 @@ def test_each_zero_stage_needs_no_more_memory_than_the_one_before(n_params, worl
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(stage=4), "stage must be one of [0, 1, 2, 3]"),
-    (dict(stage=1, world_size=0), "world_size must be a positive int"),
+    (dict(stage=1, world_size=0), "world_size must be an int >= 1"),
 ])
 def test_memory_per_rank_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):

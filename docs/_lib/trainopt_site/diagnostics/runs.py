@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from trainopt.config.cli import ArgumentParser, device, output_folder, positive_int, run_command
 from trainopt.models import digits_data, digits_mlp
+from trainopt.validation import check_int
 
 FAULTS = (
     "healthy", "diverging", "slow_convergence", "plateau", "oscillating", "loss_explosion",
@@ -130,8 +131,7 @@ def record_run(
     """
     if fault not in FAULTS:
         raise ValueError(f"fault must be one of {FAULTS}, got {fault=}")
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps=}")
+    check_int("steps", steps, 1)
     owns_group = not dist.is_initialized()
     if owns_group:
         backend = "nccl" if torch.device(device).type == "cuda" and dist.is_nccl_available() else "gloo"

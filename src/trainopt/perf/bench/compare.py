@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from trainopt.perf.bench.results import Results, read_results
+from trainopt.validation import check_int
 
 
 def ratio_of_medians(baseline: Sequence[float], candidate: Sequence[float], *, confidence: float = 0.95,
@@ -47,8 +48,7 @@ def ratio_of_medians(baseline: Sequence[float], candidate: Sequence[float], *, c
     """
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence=}")
-    if not isinstance(resamples, int) or resamples < 1:
-        raise ValueError(f"resamples must be a positive int, got {resamples=}")
+    check_int("resamples", resamples, 1)
     a, b = np.asarray(baseline, dtype=float), np.asarray(candidate, dtype=float)
     if a.size == 0 or b.size == 0 or not (a > 0).all() or not (b > 0).all():
         raise ValueError("baseline and candidate must be non-empty and positive")

@@ -9,6 +9,7 @@ from typing import Any
 
 from trainopt.models import GPT_PRESETS
 from trainopt.perf.precision import PRECISIONS
+from trainopt.validation import check_int
 
 COMPILE_MODES: tuple[str, ...] = (
     "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs",
@@ -71,8 +72,7 @@ class BenchConfig:
             value = getattr(self, field_name)
             if value not in values or type(value) is not type(values[0]):
                 raise ValueError(f"{field_name} must be one of {values}, got {field_name}={value!r}")
-        if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got batch_size={self.batch_size!r}")
+        check_int("batch_size", self.batch_size, 1)
         block = GPT_PRESETS[self.size].get("block_size", 1024)
         if not isinstance(self.seq_len, int) or not 0 <= self.seq_len <= block:
             raise ValueError(

@@ -43,6 +43,7 @@ from trainopt.perf.bench.timer import spread, time_windows, warm_up
 from trainopt.perf.memory import apply_activation_checkpointing
 from trainopt.perf.peak import measure_peak_memory
 from trainopt.perf.precision import Precision, PrecisionNotSupportedError
+from trainopt.validation import check_int
 
 
 def build_model(config: BenchConfig, device: str | torch.device) -> nn.Module:
@@ -151,13 +152,11 @@ def check_step_counts(**counts: int) -> None:
         ...     check_step_counts(windows=0)
         ... except ValueError as error:
         ...     print(error)
-        windows must be a positive int, got windows=0
+        windows must be an int >= 1, got windows=0
     """
     for name, value in counts.items():
         low = 1 if name in ("steps", "windows", "max_warmup_steps") else 0
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            kind = "positive" if low else "non-negative"
-            raise ValueError(f"{name} must be a {kind} int, got {name}={value!r}")
+        check_int(name, value, low)
 
 
 def measure(config: BenchConfig, device: str | torch.device = "cpu", *, warmup_steps: int = 3,

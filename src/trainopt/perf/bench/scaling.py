@@ -31,6 +31,7 @@ from trainopt.perf.bench.compare import ratio_of_medians
 from trainopt.perf.bench.results import Results, new_results
 from trainopt.perf.bench.timer import STABLE_WITHIN
 from trainopt.perf.distributed import launch, wrap_ddp
+from trainopt.validation import check_int
 
 STAND_IN = "{n} gloo processes on a CPU, {threads} thread each, as stand-ins for GPUs"
 
@@ -101,8 +102,7 @@ def run(processes: int = 2, size: str = "tiny", batch_size: int = 8, seq_len: in
     for name, value, least in (("processes", processes, 2), ("batch_size", batch_size, 1), ("seq_len", seq_len, 1),
                                ("steps", steps, 1), ("windows", windows, 2), ("max_warmup_windows", max_warmup_windows, 2),
                                ("threads", threads, 1)):
-        if not isinstance(value, int) or value < least:
-            raise ValueError(f"{name} must be an int >= {least}, got {name}={value!r}")
+        check_int(name, value, least)
     begin = time.perf_counter()
     raw = launch(_windows, processes, size, batch_size, seq_len, steps, windows, max_warmup_windows, threads,
                  backend="gloo")[0]

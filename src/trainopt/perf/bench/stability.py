@@ -45,6 +45,7 @@ from trainopt.perf.bench.timer import interleaved_windows, warm_up
 from trainopt.schedules import cosine_annealing_schedule
 from trainopt.stability.stabilizer import TrainingStabilizer
 from trainopt.stability.syncs import HostSyncCounter
+from trainopt.validation import check_int
 
 VARIANTS = ("bare", "stabilized")
 STABILITY_GOAL_RATIO = 1.05  # the stabilizer may cost at most 5% of a bare step's time
@@ -296,8 +297,7 @@ def run(size: str | None = None, device: str | None = None, batch_size: int | No
     for name, value in (("steps_per_window", steps_per_window), ("windows", windows),
                         ("max_warmup_steps", max_warmup_steps), ("sync_steps", sync_steps),
                         ("warmup_steps", warmup_steps + 1)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
+        check_int(name, value, 1)
     if sync_steps >= check_every:
         raise ValueError(f"sync_steps must be below check_every (steps between boundaries), got "
                          f"{sync_steps=}, {check_every=}")

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from trainopt.validation import check_int
 
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
@@ -128,8 +129,7 @@ def memory_per_rank(n_params: float, world_size: int, stage: int, *, param_bytes
     """
     if stage not in ZERO_STAGES:
         raise ValueError(f"stage must be one of {list(ZERO_STAGES)}, got {stage=}")
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size=}")
+    check_int("world_size", world_size, 1)
     shard = 1.0 / world_size
     weights = n_params * param_bytes * (shard if stage >= 3 else 1.0)
     grads = n_params * grad_bytes * (shard if stage >= 2 else 1.0)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from trainopt.validation import check_int
 
 
 class WorkerError(RuntimeError):
@@ -278,8 +279,7 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None 
         >>> launch(rank_and_world_size, 2)
         [(0, 2), (1, 2)]
     """
-    if not isinstance(nprocs, int) or nprocs < 1:
-        raise ValueError(f"nprocs must be a positive int, got {nprocs=}")
+    check_int("nprocs", nprocs, 1)
     backend = backend or default_backend(nprocs)
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {backend=}")
