@@ -5,6 +5,8 @@
 - :mod:`~trainopt.config.errors`: :class:`~trainopt.config.errors.ConfigError`, the one error a
   bad config raises, naming the dotted field.
 - :mod:`~trainopt.config.cli`: how every command line reports a mistake (one line, status 2).
+- :mod:`~trainopt.config.optimizers`: the one vocabulary of optimizers (``sgd``,
+  ``sgd_momentum``, ``adam``, ``adamw``): class, settings, bytes of state.
 - :mod:`~trainopt.config.precisions`: the one vocabulary of precisions (``fp32``, ``tf32``,
   ``bf16``, ``fp16``) and autocast's dtype for each.
 """

@@ -32,17 +32,15 @@ import torch
 import yaml
 
 from trainopt.config.errors import ConfigError
+from trainopt.config.optimizers import OPTIMIZERS
 from trainopt.schedules.registry import (
     build_scheduler,
     registered_schedulers,
     scheduler_parameters,
 )
 
-OPTIMIZER_SETTINGS = {
-    "sgd": ("lr", "weight_decay", "momentum", "nesterov"),
-    "adam": ("lr", "weight_decay", "betas", "eps"),
-    "adamw": ("lr", "weight_decay", "betas", "eps"),
-}
+# the types a config names: the one vocabulary's plain optimizers (a config sets momentum itself)
+OPTIMIZER_SETTINGS = {name: OPTIMIZERS[name].settings for name in ("sgd", "adam", "adamw")}
 FLOAT_STRING = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
@@ -327,7 +325,7 @@ def build_optimizer(params: Any, config: Config | OptimizerConfig) -> torch.opti
         0.9
     """
     config = getattr(config, "optimizer", config)
-    classes = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    classes = {name: OPTIMIZERS[name].cls for name in OPTIMIZER_SETTINGS}
     if config.type not in classes:
         raise ConfigError("training.optimizer.type", f"must be one of {list(classes)}, got {config.type!r}")
     try:

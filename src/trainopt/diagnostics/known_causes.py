@@ -37,7 +37,7 @@ CAUSES = ("healthy", "lr_too_high", "lr_too_low", "gradient_spike", "nan_sample"
 """The known causes a generated run can have."""
 
 OPTIMIZERS = ("sgd", "adamw")
-"""SGD with momentum, and AdamW."""
+"""SGD with momentum, and AdamW: names of the one vocabulary (:mod:`trainopt.config.optimizers`)."""
 
 HEALTHY = {"sgd": (0.05, 0.9), "adamw": (1e-3, None)}
 SETTINGS: dict[tuple[str, str], tuple[float, float | None]] = {

@@ -18,10 +18,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainopt.config.optimizers import OPTIMIZERS
 from trainopt.config.precisions import PRECISIONS
 from trainopt.validation import check_int
 
-OPTIMIZER_STATE_BYTES: dict[str, int] = {"sgd": 0, "sgd_momentum": 4, "adam": 8, "adamw": 8}
+OPTIMIZER_STATE_BYTES: dict[str, int] = {name: kind.state_bytes for name, kind in OPTIMIZERS.items()}
+"""Bytes of fp32 state per parameter element, by the name of the one vocabulary (``trainopt.config.optimizers``)."""
 
 
 OPTIMIZER_IMPLEMENTATIONS: tuple[str, ...] = ("foreach", "fused", "for-loop")

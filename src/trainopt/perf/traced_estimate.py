@@ -18,6 +18,7 @@ estimate adds :data:`~trainopt.perf.estimate.CUDA_WORKSPACE_BYTES` for the cuBLA
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -26,17 +27,15 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves, tree_map
 
+from trainopt.config.optimizers import OPTIMIZERS as _KINDS
 from trainopt.config.precisions import AUTOCAST_DTYPES
 from trainopt.perf.estimate import CUDA_WORKSPACE_BYTES, MemoryEstimate
 from trainopt.perf.memory import _CHECKPOINTED, apply_activation_checkpointing
 from trainopt.perf.peak import LiveStorageTracker
 
+_RATES = {"adamw": 1e-3, "adam": 1e-3, "sgd": 1e-2, "sgd_momentum": 1e-2}
 OPTIMIZERS: dict[str, Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]] = {
-    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3),
-    "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
-    "sgd": lambda params: torch.optim.SGD(params, lr=1e-2),
-    "sgd_momentum": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9),
-}
+    name: functools.partial(kind.build, lr=_RATES[name]) for name, kind in _KINDS.items()}
 """The optimizers :func:`estimate_step_memory` builds by name, with torch's default kernels."""
 
 
