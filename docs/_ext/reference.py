@@ -197,6 +197,7 @@ GROUPS = [
     ("trainopt.config", "Configuration"),
     ("trainopt.models", "Models"),
     ("trainopt.data", "Shipped data"),
+    ("trainopt.validation", "Argument checks"),
 ]
 
 

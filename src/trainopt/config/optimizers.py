@@ -18,7 +18,14 @@ __all__ = ["OPTIMIZERS", "OptimizerKind", "optimizer_kind"]
 
 @dataclass(frozen=True)
 class OptimizerKind:
-    """One named optimizer: its ``torch.optim`` class and what the project knows of it."""
+    """One named optimizer: its ``torch.optim`` class and what the project knows of it.
+
+    Example:
+        >>> from trainopt.config.optimizers import OPTIMIZERS
+        >>> kind = OPTIMIZERS["adamw"]
+        >>> kind.cls.__name__, kind.state_bytes, "betas" in kind.settings
+        ('AdamW', 8, True)
+    """
 
     name: str
     cls: type[torch.optim.Optimizer]

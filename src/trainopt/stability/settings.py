@@ -69,7 +69,7 @@ def check_settings(model: torch.nn.Module, optimizers: list[Any], schedulers: li
         ...                    max_grad_norm=1.0, checkpoint_dir=None, rollback=None, recovery=None)
         ... except ValueError as error:
         ...     print(error)
-        check_every must be a positive int, got check_every=0
+        check_every must be an int >= 1, got check_every=0
     """
     if (isinstance(dtype, str) or dtype is None) and dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(k for k in DTYPES if k)} or a torch dtype, got {dtype=}")
