@@ -28,7 +28,6 @@ Deprecated, for one release (each warns with :class:`DeprecationWarning` and kee
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from typing import Any
 
@@ -39,14 +38,6 @@ __all__ = ["Detection", "Rollback", "deprecated_name", "grouped_settings"]
 # old name -> the one name it now has
 RENAMED = {"max_recovery_attempts": "max_rollbacks", "save_frequency": "save_every",
            "spike_threshold": "spike_factor", "threshold": "spike_factor"}
-
-
-def _integer(owner: str, name: str, value: Any, low: int, none_ok: bool = False) -> None:
-    check_int(name, value, low, none_ok=none_ok, owner=owner)
-
-
-def _number(owner: str, name: str, value: Any, high: float = math.inf, closed: bool = False) -> None:
-    check_number(name, value, high=high, high_open=not closed, owner=owner)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,10 +71,10 @@ class Detection:
     skip_unstable: bool = True
 
     def __post_init__(self) -> None:
-        _number("Detection", "spike_factor", self.spike_factor)
-        _number("Detection", "explosion_factor", self.explosion_factor)
-        _integer("Detection", "window_size", self.window_size, 2)
-        _integer("Detection", "min_history", self.min_history, 2)
+        check_number("spike_factor", self.spike_factor, owner="Detection")
+        check_number("explosion_factor", self.explosion_factor, owner="Detection")
+        check_int("window_size", self.window_size, 2, owner="Detection")
+        check_int("min_history", self.min_history, 2, owner="Detection")
         if self.min_history > self.window_size:
             raise ValueError(f"Detection.min_history must be <= window_size ({self.window_size}), "
                              f"got min_history={self.min_history}")
@@ -126,12 +117,12 @@ class Rollback:
     skip_batches: int = 0
 
     def __post_init__(self) -> None:
-        _integer("Rollback", "save_every", self.save_every, 1, none_ok=True)
-        _integer("Rollback", "keep_last", self.keep_last, 1, none_ok=True)
-        _number("Rollback", "lr_factor", self.lr_factor, high=1.0, closed=True)
-        _integer("Rollback", "max_rollbacks", self.max_rollbacks, 1)
-        _integer("Rollback", "patience", self.patience, 1)
-        _integer("Rollback", "skip_batches", self.skip_batches, 0)
+        check_int("save_every", self.save_every, 1, none_ok=True, owner="Rollback")
+        check_int("keep_last", self.keep_last, 1, none_ok=True, owner="Rollback")
+        check_number("lr_factor", self.lr_factor, high=1.0, high_open=False, owner="Rollback")
+        check_int("max_rollbacks", self.max_rollbacks, 1, owner="Rollback")
+        check_int("patience", self.patience, 1, owner="Rollback")
+        check_int("skip_batches", self.skip_batches, 0, owner="Rollback")
 
 
 def deprecated_name(owner: str, old: str, value: Any, new_value: Any, default: Any) -> Any:
