@@ -239,3 +239,33 @@ def test_a_nan_buffer_that_got_through_rolls_the_run_back(digits, tmp_path):
     assert stabilizer.reports[1]["weights_finite"] is False
     assert stabilizer.reports[1]["recovered"] == "non-finite weights"
     assert torch.isfinite(model[2].running_var).all()  # the checkpoint of step 10 came back
+
+
+def test_a_buffer_registered_later_is_snapshotted_after_a_refresh():
+    model = nn.Sequential(nn.Linear(2, 2))
+    snapshot = BufferSnapshot(model)
+    snapshot.take()
+    model.register_buffer("late", torch.zeros(2))
+    snapshot.refresh()
+    snapshot.take()
+    model.late.fill_(math.nan)
+    snapshot.restore_where(torch.tensor(True))
+    assert model.late.tolist() == [0.0, 0.0]
+
+
+def test_the_module_tree_is_walked_only_when_needed(monkeypatch: pytest.MonkeyPatch):
+    from trainopt.stability import buffers
+
+    walks = []
+    real = buffers._slots
+    monkeypatch.setattr(buffers, "_slots", lambda m: walks.append(1) or real(m))
+    model = nn.BatchNorm1d(2)
+    snapshot = BufferSnapshot(model)
+    for _ in range(3):
+        snapshot.take()
+    assert len(walks) == 1
+    model.running_mean = torch.ones(2)  # replaced: the next take walks again and copies the new one
+    snapshot.take()
+    model.running_mean.fill_(math.nan)
+    snapshot.restore_where(torch.tensor(True))
+    assert len(walks) == 2 and model.running_mean.tolist() == [1.0, 1.0]

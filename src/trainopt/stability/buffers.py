@@ -61,7 +61,8 @@ class BufferSnapshot:
     twice the buffers' size) and reused; they are made again only when the model's buffers
     change shape, dtype or device. A model without buffers costs nothing.
 
-    Limits: a buffer that appears during the step (a lazy module's, materialised by its first
+    Limits: a buffer registered between two boundaries is seen from the next boundary on
+    (:meth:`refresh`, which the stabilizer calls there); a buffer that appears during the step (a lazy module's, materialised by its first
     forward pass), or whose shape changes, has nothing to return to and is left as it is. A
     buffer the forward pass replaces by another tensor of the same shape is restored in the new
     tensor.
@@ -87,10 +88,29 @@ class BufferSnapshot:
         self._tensors: list[torch.Tensor] = []  # the buffers at the last take()
         self._groups: list[tuple[list[int], _Group]] = []
         self._saved: list[torch.Tensor] = []  # the snapshot of each buffer, in that order
+        self._walk = True  # walk the module tree at the next take()
+
+    def refresh(self) -> None:
+        """Walk the module tree again at the next :meth:`take` (a buffer registered since)."""
+        self._walk = True
+
+    def _current_slots(self) -> list[tuple[torch.nn.Module, str, torch.Tensor]]:
+        """The buffers now: the last walk's slots while each still holds its tensor, else a new walk."""
+        if not self._walk:
+            now = [(module, name, module._buffers.get(name)) for module, name in self._slots]
+            if all(b is t for (_, _, b), t in zip(now, self._tensors)):
+                return now  # type: ignore[return-value]
+        self._walk = False
+        return _slots(self.model)
 
     def take(self) -> None:
-        """Copy every buffer into the preallocated snapshot (device copies, no host read)."""
-        slots = _slots(self.model)
+        """Copy every buffer into the preallocated snapshot (device copies, no host read).
+
+        The module tree is walked at the first call, after :meth:`refresh`, and whenever a buffer
+        the last walk found was replaced; otherwise the last walk's buffers are copied (a walk
+        over every module each step costs more than copying a few statistics).
+        """
+        slots = self._current_slots()
         tensors = [b for _, _, b in slots]
         same = len(tensors) == len(self._tensors) and all(
             a is b and a.shape == s.shape for a, b, s in zip(tensors, self._tensors, self._saved))

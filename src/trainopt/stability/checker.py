@@ -9,8 +9,8 @@ import torch
 
 from trainopt.stability.distributed import any_rank, in_process_group, max_over_ranks
 from trainopt.stability.gradients import GradientMonitor
-from trainopt.stability.monitors import LossStabilityMonitor
-from trainopt.stability.statistics import _check_positive, nanmax, nanmedian
+from trainopt.stability.monitors import LossSpikeDetector, LossStabilityMonitor
+from trainopt.stability.statistics import _HALVES, _check_positive, nanmax, nanmedian
 
 __all__ = ["StabilityChecker"]
 
@@ -114,14 +114,17 @@ class StabilityChecker:
         self.last_flag = torch.tensor(False)
         self.last_grad_norm = torch.tensor(math.nan)
         self.nonfinite_grads = torch.tensor(False)
+        self._joint: _JointStep | bool | None = None  # None: not decided yet
 
     @torch.no_grad()
     def update(self, loss: torch.Tensor) -> torch.Tensor:
         """Fold this step's loss and gradients into the monitors; return the agreed "unstable" flag."""
-        self.loss_monitor.update(loss)
         grads = self.gradient_monitor
-        self.last_grad_norm = grads.update()
         detector = self.loss_monitor.detector
+        if self._joint_fits(loss):
+            return self._joint.update(self, loss)
+        self.loss_monitor.update(loss)
+        self.last_grad_norm = grads.update()
         nonfinite = grads.last_nonfinite
         local = detector.last_spike | detector.last_nonfinite | nonfinite | grads.last_explosion
         if in_process_group():
@@ -145,6 +148,22 @@ class StabilityChecker:
             self.first_grads[self.steps] = norm
         self.steps += 1
         return self.last_flag
+
+    def _joint_fits(self, loss: torch.Tensor) -> bool:
+        """Whether both monitors can be updated together (:class:`_JointStep`): same windows and device."""
+        if self._joint is None:
+            detector, grads = self.loss_monitor.detector, self.gradient_monitor
+            if not (type(self.loss_monitor) is LossStabilityMonitor and type(grads) is GradientMonitor
+                    and type(detector) is LossSpikeDetector
+                    and detector.window_size == grads.window_size == self.recent.numel()
+                    and detector.min_history == grads.min_history == self.first.numel()):
+                self._joint = False
+                return False
+            self._joint = _JointStep(self)
+        if self._joint is False:
+            return False
+        return (loss.device == self.gradient_monitor.buffer.device and not in_process_group()
+                and self.loss_monitor.detector.steps == self.gradient_monitor.steps == self.steps)
 
     def _recent_median(self, buffer: torch.Tensor) -> torch.Tensor:
         """Median of the newer half of the values since the last check (at least ten; else NaN)."""
@@ -261,3 +280,126 @@ class StabilityChecker:
                 setattr(self, key, state[key].detach().clone().to(device))
             else:
                 getattr(self, key).fill_(math.nan)
+
+
+class _JointStep:
+    """Both monitors' step in one pass: the loss and the gradient norm side by side, one sort for both.
+
+    :meth:`StabilityChecker.update` would run :meth:`LossStabilityMonitor.update
+    <trainopt.stability.monitors.LossStabilityMonitor.update>`, :meth:`GradientMonitor.update
+    <trainopt.stability.gradients.GradientMonitor.update>` and its own bookkeeping, each on 0-d
+    tensors: about 90 operators per step, which on a CPU cost more than the arithmetic. This does
+    the same on pairs (loss, gradient norm), with the same formulas, so the monitors end in
+    bitwise the same state (a test runs both ways): the two windows are the rows of one tensor
+    scored by one sort, and the counters, maxima and flags that the monitors hold are views into
+    a few shared tensors written in place. About 45 operators.
+
+    The monitors keep their attributes (``detector.buffer`` is a row of :attr:`ring`, and so on)
+    and read them at the boundary as before. Where one of them replaces a tensor (a new window,
+    a loaded state), the next step finds the view gone and binds again, copying the values.
+    """
+
+    # (owner, attribute, shared tensor, index): the monitors' per-step state as views
+    _COUNTS = (("detector", "num_spikes"), ("loss", "window_spikes"), ("loss", "window_nonfinite"),
+               ("grads", "window_explosions"), ("grads", "window_nonfinite"), ("checker", "flagged"))
+    # where each counter's increment sits in cat([over (2), nonfinite (2), flag (1)])
+    _INCREMENTS = (0, 0, 2, 1, 3, 4)
+
+    def __init__(self, checker: StabilityChecker) -> None:
+        detector = checker.loss_monitor.detector
+        self.spike_factor = detector.spike_factor
+        self.explosion_factor = checker.gradient_monitor.explosion_factor
+        self.views: list[tuple[Any, str, torch.Tensor]] = []
+
+    def _owners(self, checker: StabilityChecker) -> dict[str, Any]:
+        return {"detector": checker.loss_monitor.detector, "loss": checker.loss_monitor,
+                "grads": checker.gradient_monitor, "checker": checker}
+
+    def bound(self) -> bool:
+        """Whether every attribute still is the view this pass writes."""
+        return bool(self.views) and all(getattr(owner, name) is view for owner, name, view in self.views)
+
+    def bind(self, checker: StabilityChecker, device: torch.device) -> None:
+        """Gather the monitors' per-step tensors into shared ones and give the monitors views of them."""
+        owners = self._owners(checker)
+        detector, grads, monitor = owners["detector"], owners["grads"], owners["loss"]
+        detector._to(device)
+        if monitor.window_spikes.device != device:
+            monitor._reset_window(device)
+        for key in checker._tensors:
+            if getattr(checker, key).device != device:
+                setattr(checker, key, getattr(checker, key).to(device))
+        self.ring = torch.stack([detector.buffer, grads.buffer])
+        self.recent = torch.stack([checker.recent, checker.recent_grads])
+        self.counts = torch.stack([getattr(owners[o], n).to(device) for o, n in self._COUNTS])
+        self.maxes = torch.stack([monitor.window_max_z.to(device).float(), grads.window_max_grad_norm])
+        self.value = torch.full((2,), math.nan, device=device)
+        self.nans = torch.full((2,), math.nan, device=device)
+        self.score = torch.stack([detector.last_z.to(device).float(), torch.full((), math.nan, device=device)])
+        self.over = torch.stack([detector.last_spike.to(device), grads.last_explosion.to(device)])
+        self.nonfinite = torch.stack([detector.last_nonfinite.to(device),
+                                      getattr(grads, "last_nonfinite", torch.tensor(False)).to(device)])
+        self.factors = torch.tensor([self.spike_factor, self.explosion_factor], device=device)
+        self.pick_score = torch.tensor([True, False], device=device)  # maxima: the loss's score, the norm
+        self.increments = torch.tensor(self._INCREMENTS, device=device)
+        if device not in _HALVES:
+            _HALVES[device] = (torch.tensor([1, 1, 2], device=device), torch.tensor([-1, 0, -2], device=device))
+        scale, shift = _HALVES[device]
+        self.scale, self.shift = scale.view(1, 3), shift.view(1, 3)
+        views = [(detector, "buffer", self.ring[0]), (grads, "buffer", self.ring[1]),
+                 (checker, "recent", self.recent[0]), (checker, "recent_grads", self.recent[1]),
+                 (monitor, "window_max_z", self.maxes[0]), (grads, "window_max_grad_norm", self.maxes[1]),
+                 (detector, "last_value", self.value[0]), (grads, "last_value", self.value[1]),
+                 (detector, "last_z", self.score[0]),
+                 (detector, "last_spike", self.over[0]), (grads, "last_explosion", self.over[1]),
+                 (detector, "last_nonfinite", self.nonfinite[0]), (grads, "last_nonfinite", self.nonfinite[1]),
+                 (checker, "nonfinite_grads", self.nonfinite[1])]
+        views += [(owners[o], n, self.counts[i]) for i, (o, n) in enumerate(self._COUNTS)]
+        for owner, name, view in views:
+            setattr(owner, name, view)
+        self.views = views
+
+    @torch.no_grad()
+    def update(self, checker: StabilityChecker, loss: torch.Tensor) -> torch.Tensor:
+        """One step of both monitors and of the checker; the step's "unstable" flag (0-d bool)."""
+        grads = checker.gradient_monitor
+        monitor = checker.loss_monitor
+        detector = monitor.detector
+        device = loss.device
+        if not self.bound():
+            self.bind(checker, device)
+        norm = grads.measure()
+        checker.last_grad_norm = norm
+        monitor.last_loss = loss.detach().float().reshape(())
+        pair = torch.stack([monitor.last_loss, norm])
+        torch.where(torch.isfinite(pair), pair, self.nans, out=self.value)
+        torch.ne(self.value, self.value, out=self.nonfinite)  # NaN != NaN
+        steps, size = checker.steps, self.ring.shape[1]
+        if steps >= detector.min_history:
+            # tail_score of each row (statistics._median_and_max), both rows from one sort
+            ordered = torch.sort(self.ring[:, : min(steps, size)], dim=1).values
+            count = (ordered == ordered).sum(1, keepdim=True)
+            index = torch.div(count * self.scale + self.shift, 2, rounding_mode="floor").clamp_(0, ordered.shape[1] - 1)
+            picked = ordered.gather(1, index)
+            median, largest = picked[:, :2].mean(1), picked[:, 2]
+            unit = torch.maximum(largest - median, 1e-2 * median.abs()).clamp_min(1e-8)
+            torch.div(self.value - median, unit, out=self.score)
+            torch.gt(self.score, self.factors, out=self.over)  # NaN compares False
+        else:
+            self.score.fill_(math.nan)
+            self.over.zero_()
+        flag = (self.over | self.nonfinite).any()
+        self.ring[:, steps % size] = torch.where(self.over, math.nan, self.value)
+        self.recent[:, steps % size] = self.value
+        if steps < checker.first.numel():
+            checker.first[steps] = self.value[0]
+            checker.first_grads[steps] = self.value[1]
+        self.counts.add_(torch.cat([self.over, self.nonfinite, flag.view(1)])[self.increments])
+        torch.fmax(self.maxes, torch.where(self.pick_score, self.score, self.value), out=self.maxes)
+        checker.streak = (checker.streak + 1) * flag
+        checker.max_streak = torch.maximum(checker.max_streak, checker.streak)
+        checker.last_flag = flag
+        detector.steps += 1
+        grads.steps += 1
+        checker.steps += 1
+        return flag

@@ -52,7 +52,7 @@ from trainopt.stability.rates import lr_scale, scale_learning_rate
 from trainopt.stability.recovery import TrainingRecovery
 from trainopt.stability.schedule_window import ScheduleWindow
 from trainopt.stability.settings import is_metric_scheduler, step_with_metric
-from trainopt.stability.skip import fused_step, masked_step
+from trainopt.stability.skip import StepSnapshot, fused_step, masked_step
 
 __all__ = ["CoreView", "GuardedUpdate", "build_checker", "build_recovery"]
 
@@ -165,6 +165,7 @@ class GuardedUpdate:
         self.params = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
         self.device = self.params[0].device
         self.fused = [skips_in_kernel(opt) for opt in optimizers]
+        self.snapshots = [None if fused else StepSnapshot() for fused in self.fused]  # masked_step's copies
         self.window = ScheduleWindow([(opt, None if is_metric_scheduler(sched) else sched)
                                       for opt, sched in zip(optimizers, schedulers)], check_every)
         self.window.check()
@@ -215,11 +216,11 @@ class GuardedUpdate:
             clip_grads_with_norm_(self.params, self.max_grad_norm, norm)
         found_inf = skip.to(torch.float32)
         with self.window.applied() as ratios:
-            for opt, fused in zip(self.optimizers, self.fused):
+            for opt, fused, snapshot in zip(self.optimizers, self.fused, self.snapshots):
                 if fused:
                     fused_step(opt, found_inf)
                 else:
-                    masked_step(opt, found_inf, lr_ratios=ratios)
+                    masked_step(opt, found_inf, lr_ratios=ratios, snapshot=snapshot)
         if self._taken:
             self.buffers.restore_where(skip)  # what the forward passes moved (BatchNorm statistics)
             self._taken = False
@@ -251,6 +252,8 @@ class GuardedUpdate:
         applied since the last boundary, as plain torch's would.
         """
         report = self.checker.check()
+        if self.buffers is not None:
+            self.buffers.refresh()  # buffers registered in the window are copied from the next step on
         since = self.steps - self.window_start
         skipped, *codes = torch.cat([self.skipped.view(1), self.codes[:since].long()]).tolist()  # one read
         self.skipped.zero_()

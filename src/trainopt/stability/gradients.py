@@ -139,8 +139,8 @@ class GradientMonitor:
         return self.steps > 0 and self.steps % self.check_every == 0
 
     @torch.no_grad()
-    def update(self) -> torch.Tensor:
-        """Measure the current gradients and parameters; return the global gradient norm (tensor)."""
+    def measure(self) -> torch.Tensor:
+        """The global gradient norm of the current gradients (and each group's), not yet folded in."""
         device = self.buffer.device
         group_grads = [
             torch.linalg.vector_norm(_stacked_norms([p.grad for p in group if p.grad is not None], device))
@@ -148,6 +148,12 @@ class GradientMonitor:
         ]
         self.group_grad_norms = torch.stack(group_grads)
         self.grad_norm = torch.linalg.vector_norm(self.group_grad_norms)
+        return self.grad_norm
+
+    @torch.no_grad()
+    def update(self) -> torch.Tensor:
+        """Measure the current gradients and fold the norm in; return the global gradient norm (tensor)."""
+        self.measure()
         value = self.last_value = _as_finite_or_nan(self.grad_norm)  # NaN when non-finite
         self.last_nonfinite = torch.isnan(value)
         if self.steps >= self.min_history:

@@ -6,10 +6,16 @@ momentum 0.9 in its default form and foreach), each with a cosine schedule (a ``
 step: the path where host reads used to be added), one run times two copies of the same step
 on the reference GPT (:mod:`trainopt.models`):
 
-- ``bare``: autocast forward, backward, optimizer step, scheduler step;
+- ``bare``: the step a plain loop writes: autocast forward, backward,
+  ``clip_grad_norm_(max_norm=1.0)``, optimizer step, scheduler step;
 - ``stabilized``: the same step through
-  :class:`~trainopt.stability.stabilizer.TrainingStabilizer` (monitors, clipping, on-device
-  skip, the schedule stepped at boundaries every ``check_every`` steps).
+  :class:`~trainopt.stability.stabilizer.TrainingStabilizer` with ``max_grad_norm=1.0``
+  (monitors, clipping by the norm the monitor measured, on-device skip, the schedule stepped at
+  boundaries every ``check_every`` steps).
+
+Both clip at the same norm, so the ratio is what the stability stack adds to a loop that already
+clips (nanoGPT, the Hugging Face Trainer's default ``max_grad_norm=1.0``); the stabilizer's
+clipping reuses its monitor's norm instead of computing it a second time.
 
 The two alternate in windows (bare, stabilized, then stabilized, bare, ...), after each has
 warmed up until its step time is stable, so that drift and the load of a shared machine hit
@@ -59,13 +65,16 @@ FORMS: dict[str, tuple[str, dict[str, Any]]] = {
 """Each optimizer form's name → its class in ``torch.optim`` and the keywords picking the form."""
 OPTIMIZER_SETTINGS = {"AdamW": {"lr": 3e-4, "weight_decay": 0.1},
                       "SGD": {"lr": 0.05, "momentum": 0.9}}
+MAX_NORM = 1.0  # both steps clip at this norm
 SCHEDULE_STEPS = 100_000  # the cosine schedule's length: its rate changes on every step of a run
 
 
 def bare_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
               compute_loss: Callable[[], torch.Tensor], dtype: torch.dtype | None,
-              scheduler: Any = None) -> torch.Tensor:
-    """(a) The step with nothing added: autocast forward, backward, optimizer step, scheduler step.
+              scheduler: Any = None, max_norm: float | None = None) -> torch.Tensor:
+    """(a) The step with nothing added: autocast forward, backward, clipping, optimizer and scheduler step.
+
+    ``max_norm``: clip with :func:`torch.nn.utils.clip_grad_norm_` first (``None``: no clipping).
 
     Example:
         >>> import torch
@@ -85,6 +94,8 @@ def bare_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     with torch.amp.autocast(model_device(model).type, dtype=dtype, enabled=dtype is not None):
         loss = compute_loss()
     loss.backward()
+    if max_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     optimizer.step()
     if scheduler is not None:
         scheduler.step()
@@ -224,11 +235,11 @@ def _measure_form(form: str, base: torch.nn.Module, compute: Callable[[torch.nn.
                   for name, o in optimizers.items()}
     stabilizer = TrainingStabilizer(models["stabilized"], optimizers["stabilized"],
                                     schedulers["stabilized"], dtype=autocast_dtype,
-                                    max_grad_norm=1.0, check_every=check_every)
+                                    max_grad_norm=MAX_NORM, check_every=check_every)
     steps = {
         "bare": lambda: bare_step(models["bare"], optimizers["bare"],
                                   lambda: compute(models["bare"]), autocast_dtype,
-                                  schedulers["bare"]),
+                                  schedulers["bare"], max_norm=MAX_NORM),
         "stabilized": lambda: stabilizer.step(lambda: compute(models["stabilized"])),
     }
     warmup = {name: warm_up(steps[name], device, min_steps=warmup_steps, window=steps_per_window,
@@ -340,7 +351,7 @@ def run(size: str | None = None, device: str | None = None, batch_size: int | No
     results.update({
         "config": {
             "model": f"GPT {size}", "parameters": base.num_parameters(), "batch_size": batch_size,
-            "seq_len": seq_len, "dtype": dtype, "compile": compile,
+            "seq_len": seq_len, "dtype": dtype, "compile": compile, "max_grad_norm": MAX_NORM,
             "schedule": f"cosine LambdaLR (cosine_annealing_schedule, {SCHEDULE_STEPS} steps)",
             "steps_per_window": steps_per_window, "windows": windows, "check_every": check_every,
             "threads": torch.get_num_threads(),

@@ -212,7 +212,13 @@ def _first_error(out_dir: str) -> WorkerError | None:
         errors.append((float(stamp), int(path.stem[4:]), message))
     if not errors:
         return None
-    _, rank, message = min(errors)
+    errors.sort()
+    _, rank, message = errors[0]
+    # a peer that vanished mid-collective fails its partners within milliseconds, so the first
+    # stamp is not always the cause: every other rank's last line goes along
+    others = [f"rank {r}: {m.strip().splitlines()[-1] if m.strip() else '?'}" for _, r, m in errors[1:]]
+    if others:
+        message = message.rstrip("\n") + "\nother ranks failed too:\n" + "\n".join(others) + "\n"
     return WorkerError(rank, message)
 
 
