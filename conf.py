@@ -8,7 +8,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
-sys.path.insert(0, str(ROOT / "docs" / "_lib"))  # the site's workshop (trainopt_site), not in the wheel
+sys.path.insert(
+    0, str(ROOT / "docs" / "_lib")
+)  # the site's workshop (trainopt_site), not in the wheel
 sys.path.insert(0, str(ROOT / "src"))
 
 os.environ.setdefault("MPLBACKEND", "Agg")
@@ -35,7 +37,15 @@ extensions = [
 
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "_data", "_ext", "_lib", "_generated", "**/.ipynb_checkpoints", "README.md"]
+exclude_patterns = [
+    "_build",
+    "_data",
+    "_ext",
+    "_lib",
+    "_generated",
+    "**/.ipynb_checkpoints",
+    "README.md",
+]
 templates_path = []
 html_static_path = ["docs/_static"]
 html_css_files = [("trainopt.css", {"priority": 800})]
@@ -95,7 +105,10 @@ html_show_sourcelink = False
 nitpicky = False
 nitpick_ignore_regex = [
     (r"py:.*", r"(torch|optuna|numpy|np|matplotlib|yaml|nn|optim|collections|pathlib|typing)\..*"),
-    (r"py:class", r"(Tensor|Module|Optimizer|LRScheduler|LambdaLR|Figure|Trial|Study|Path|PathLike|Callable|Iterable|Iterator|Sequence|Mapping|Any|DataLoader|ParamsT|Generator|T|.*\.T)"),
+    (
+        r"py:class",
+        r"(Tensor|Module|Optimizer|LRScheduler|LambdaLR|Figure|Trial|Study|Path|PathLike|Callable|Iterable|Iterator|Sequence|Mapping|Any|DataLoader|ParamsT|Generator|T|.*\.T)",
+    ),
     (r"py:class", r"(optional|default|callable|array-like)"),
 ]
 suppress_warnings = ["myst.header"]
@@ -108,13 +121,16 @@ suppress_warnings = ["myst.header"]
 # second copy the extensions append when the builder starts.
 # --------------------------------------------------------------------------------------------
 
+
 def _extension_paths() -> tuple[list[str], list[str]]:
     import pydata_sphinx_theme
     import sphinx_copybutton
     import sphinx_design.extension
 
-    static = [str(sphinx_design.extension.STATIC_DIR),
-              str(Path(sphinx_copybutton.__file__).parent.joinpath("_static").absolute())]
+    static = [
+        str(sphinx_design.extension.STATIC_DIR),
+        str(Path(sphinx_copybutton.__file__).parent.joinpath("_static").absolute()),
+    ]
     theme = Path(pydata_sphinx_theme.__file__).parent.resolve() / "theme" / "pydata_sphinx_theme"
     return static, [str(theme / "components")]
 
@@ -122,7 +138,9 @@ def _extension_paths() -> tuple[list[str], list[str]]:
 _static, _templates = _extension_paths()
 html_static_path += _static
 templates_path += _templates
-mathjax4_config = {"options": {"processHtmlClass": "tex2jax_process|mathjax_process|math|output_area"}}
+mathjax4_config = {
+    "options": {"processHtmlClass": "tex2jax_process|mathjax_process|math|output_area"}
+}
 
 
 def _drop_repeats(app, config=None) -> None:

@@ -179,7 +179,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return unit_of_work(nodeid)
 
         def schedule(self) -> None:
-            reorder, self.config.option.loadscopereorder = self.config.option.loadscopereorder, False
+            reorder, self.config.option.loadscopereorder = (
+                self.config.option.loadscopereorder,
+                False,
+            )
             try:
                 super().schedule()
             finally:
@@ -194,7 +197,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     build), the files that need the built site last (the other worker runs the rest meanwhile)."""
     if not hasattr(config, "workerinput"):
         return
-    site = {unit_of_work(item.nodeid) for item in items if "built_site" in getattr(item, "fixturenames", ())}
+    site = {
+        unit_of_work(item.nodeid)
+        for item in items
+        if "built_site" in getattr(item, "fixturenames", ())
+    }
 
     def rank(item: pytest.Item) -> int:
         unit = unit_of_work(item.nodeid)
@@ -208,7 +215,9 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise pytest.UsageError("TRAINOPT_REQUIRE_CUDA=1 but torch.cuda.is_available() is False")
+            raise pytest.UsageError(
+                "TRAINOPT_REQUIRE_CUDA=1 but torch.cuda.is_available() is False"
+            )
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -216,7 +225,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     report = outcome.get_result()
     if REQUIRE_CUDA and report.skipped:
-        reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = (
+            str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        )
         if GPU_REASON.search(reason):
             report.outcome = "failed"
             report.longrepr = f"TRAINOPT_REQUIRE_CUDA=1 but this was skipped: {reason}"

@@ -23,7 +23,9 @@ sys.path.insert(0, str(DOCS / "_lib"))  # the site's workshop (trainopt_site)
 sys.path.insert(0, str(ROOT / "tests"))  # extras, artifacts: the suite's helpers (importlib mode)
 
 
-def shared_tmp_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def shared_tmp_path(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """A folder of this run that every xdist worker sees (the session's base temp dir without xdist)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if hasattr(request.config, "workerinput") else base
@@ -39,14 +41,37 @@ def built_site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         if not outcome.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             result = subprocess.run(
-                [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q",
-                 "-c", str(ROOT), str(DOCS), str(out)],
-                capture_output=True, text=True, cwd=ROOT,
+                [
+                    sys.executable,
+                    "-m",
+                    "sphinx",
+                    "-b",
+                    "html",
+                    "-W",
+                    "--keep-going",
+                    "-q",
+                    "-c",
+                    str(ROOT),
+                    str(DOCS),
+                    str(out),
+                ],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
             )
-            outcome.write_text(json.dumps(
-                {"returncode": result.returncode, "stdout": result.stdout, "stderr": result.stderr}))
+            outcome.write_text(
+                json.dumps(
+                    {
+                        "returncode": result.returncode,
+                        "stdout": result.stdout,
+                        "stderr": result.stderr,
+                    }
+                )
+            )
         built = json.loads(outcome.read_text())
-    assert built["returncode"] == 0, f"sphinx-build -W failed:\n{built['stdout']}\n{built['stderr']}"
+    assert built["returncode"] == 0, (
+        f"sphinx-build -W failed:\n{built['stdout']}\n{built['stderr']}"
+    )
     return out
 
 
@@ -89,30 +114,77 @@ def wheel_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
                 return result.returncode == 0
 
             source, dist = shared / "wheel-source", shared / "wheel-dist"
-            shutil.copytree(ROOT / "src", source / "src",
-                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+            shutil.copytree(
+                ROOT / "src",
+                source / "src",
+                ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"),
+            )
             for name in ("pyproject.toml", "README.md"):
                 shutil.copy(ROOT / name, source / name)
             python = venv / "bin" / "python"
             extras = ",".join(landing_page_extras())
-            ok = (run(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist),
-                      str(source))
-                  and run(sys.executable, "-m", "venv", str(venv))
-                  and run(str(python), "-m", "pip", "install", "-q",
-                          f"torch=={torch.__version__.split('+')[0]}"))
+            ok = (
+                run(
+                    sys.executable,
+                    "-m",
+                    "build",
+                    "--wheel",
+                    "--no-isolation",
+                    "--outdir",
+                    str(dist),
+                    str(source),
+                )
+                and run(sys.executable, "-m", "venv", str(venv))
+                and run(
+                    str(python),
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    f"torch=={torch.__version__.split('+')[0]}",
+                )
+            )
             wheels = sorted(dist.glob("trainopt-*.whl"))
-            ok = ok and bool(wheels) and run(str(python), "-m", "pip", "install", "-q",
-                                              f"{wheels[0]}[{extras}]" if extras else str(wheels[0]),
-                                              "ipykernel")
-            ok = ok and run(str(python), "-m", "ipykernel", "install", "--prefix", str(venv),
-                            "--name", "trainopt-wheel")
-            outcome.write_text(json.dumps({"ok": ok, "log": "\n".join(log), "extras": extras,
-                                           "wheel": str(wheels[0]) if wheels else None}))
+            ok = (
+                ok
+                and bool(wheels)
+                and run(
+                    str(python),
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    f"{wheels[0]}[{extras}]" if extras else str(wheels[0]),
+                    "ipykernel",
+                )
+            )
+            ok = ok and run(
+                str(python),
+                "-m",
+                "ipykernel",
+                "install",
+                "--prefix",
+                str(venv),
+                "--name",
+                "trainopt-wheel",
+            )
+            outcome.write_text(
+                json.dumps(
+                    {
+                        "ok": ok,
+                        "log": "\n".join(log),
+                        "extras": extras,
+                        "wheel": str(wheels[0]) if wheels else None,
+                    }
+                )
+            )
         built = json.loads(outcome.read_text())
     if not built["ok"]:
         from extras import in_ci
 
-        message = f"no virtual environment with trainopt's wheel could be made:\n{built['log'][-6000:]}"
+        message = (
+            f"no virtual environment with trainopt's wheel could be made:\n{built['log'][-6000:]}"
+        )
         if in_ci():
             pytest.fail(message)
         pytest.skip(message)

@@ -39,42 +39,70 @@ RANK = {
     "trainopt.schedules": 1,
     "trainopt.config": 2,
     "trainopt.stability": 3,
-    "trainopt.perf": 4, "trainopt.hpo": 4, "trainopt.concepts": 4, "trainopt.diagnostics": 4,
+    "trainopt.perf": 4,
+    "trainopt.hpo": 4,
+    "trainopt.concepts": 4,
+    "trainopt.diagnostics": 4,
 }
-SECTIONS = ["trainopt.schedules", "trainopt.stability", "trainopt.hpo", "trainopt.perf",
-            "trainopt.perf.distributed", "trainopt.perf.bench", "trainopt.concepts", "trainopt.diagnostics"]
+SECTIONS = [
+    "trainopt.schedules",
+    "trainopt.stability",
+    "trainopt.hpo",
+    "trainopt.perf",
+    "trainopt.perf.distributed",
+    "trainopt.perf.bench",
+    "trainopt.concepts",
+    "trainopt.diagnostics",
+]
 SHARED = ("trainopt.config", "trainopt.models", "trainopt.data")
 
 # page (relative to docs/) -> the packages it may draw from besides the shared ones
 PAGES = {
     "guides/training-optimization/learning-rate-scheduling.md": ("trainopt.schedules",),
     "guides/training-optimization/training-stability.md": (
-        "trainopt.stability", "trainopt.schedules",  # the complete recipe warms up and decays
+        "trainopt.stability",
+        "trainopt.schedules",  # the complete recipe warms up and decays
         "trainopt.perf.bench",  # "What it costs" is the benchmark harness's stability run
-        "trainopt_site.perf.bench"),  # ... rendered by the performance pages' renderer
+        "trainopt_site.perf.bench",
+    ),  # ... rendered by the performance pages' renderer
     "guides/training-optimization/hyperparameter-optimization.md": (
-        "trainopt.hpo", "trainopt.schedules",  # the LR range test seeds the search range
-        "trainopt_site.hpo"),  # the overhead table
+        "trainopt.hpo",
+        "trainopt.schedules",  # the LR range test seeds the search range
+        "trainopt_site.hpo",
+    ),  # the overhead table
     "guides/training-optimization/index.md": (),
     "guides/training-optimization/use-with-your-trainer.md": (
-        "trainopt.stability", "trainopt.hpo"),  # integrations; tuning a Trainer run
+        "trainopt.stability",
+        "trainopt.hpo",
+    ),  # integrations; tuning a Trainer run
     "guides/troubleshooting.md": (  # the fixes point into every section
-        "trainopt.diagnostics", "trainopt.schedules", "trainopt.stability", "trainopt.perf",
-        "trainopt_site.diagnostics"),  # the recorder of its runs, its figures and tables
-    "concepts/optimization.md": (
-        "trainopt.concepts", "trainopt_site.concepts"),  # the figures
+        "trainopt.diagnostics",
+        "trainopt.schedules",
+        "trainopt.stability",
+        "trainopt.perf",
+        "trainopt_site.diagnostics",
+    ),  # the recorder of its runs, its figures and tables
+    "concepts/optimization.md": ("trainopt.concepts", "trainopt_site.concepts"),  # the figures
     "advanced/performance/index.md": (),
     "advanced/performance/compilation.md": ("trainopt.perf", "trainopt_site.perf"),
     "advanced/performance/mixed-precision.md": (
-        "trainopt.perf", "trainopt_site.perf",
-        "trainopt.stability"),  # fp16 uses the stability page's loss scaler
+        "trainopt.perf",
+        "trainopt_site.perf",
+        "trainopt.stability",
+    ),  # fp16 uses the stability page's loss scaler
     "advanced/performance/memory-optimization.md": ("trainopt.perf", "trainopt_site.perf"),
     "advanced/performance/profiling.md": ("trainopt.perf", "trainopt_site.perf"),
     "advanced/performance/monitoring.md": ("trainopt.perf", "trainopt_site.perf"),
     "advanced/performance/benchmarking.md": (
-        "trainopt.perf.bench", "trainopt.perf", "trainopt_site.perf"),
+        "trainopt.perf.bench",
+        "trainopt.perf",
+        "trainopt_site.perf",
+    ),
     "advanced/performance/distributed-training.md": (
-        "trainopt.perf.distributed", "trainopt.perf", "trainopt_site.perf"),
+        "trainopt.perf.distributed",
+        "trainopt.perf",
+        "trainopt_site.perf",
+    ),
     "index.md": (),
     "glossary.md": (),
 }
@@ -131,7 +159,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         stack.pop()
@@ -155,7 +183,9 @@ def test_no_import_cycle_between_packages() -> None:
         if module.endswith(".__main__"):
             continue  # a command's entry point is a leaf (nothing imports it)
         here = _package_of(module)
-        graph.setdefault(here, set()).update(_package_of(m) for m in _imports(module, False) if _package_of(m) != here)
+        graph.setdefault(here, set()).update(
+            _package_of(m) for m in _imports(module, False) if _package_of(m) != here
+        )
     assert _cycle(graph) is None, f"import cycle between packages: {' -> '.join(_cycle(graph))}"
 
 
@@ -178,14 +208,26 @@ def test_every_module_belongs_to_a_section_or_shared_package() -> None:
 
 
 def test_schedules_and_stability_import_no_heavy_optional_dependency() -> None:
-    modules = [m for m in MODULES if m.startswith(("trainopt.schedules", "trainopt.stability"))
-               and not m.endswith("__main__")]
-    code = (f"import importlib, json, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
-            "print(json.dumps(sorted({n.split('.')[0] for n in sys.modules})))")
-    loaded = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                           check=True).stdout))
+    modules = [
+        m
+        for m in MODULES
+        if m.startswith(("trainopt.schedules", "trainopt.stability")) and not m.endswith("__main__")
+    ]
+    code = (
+        f"import importlib, json, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
+        "print(json.dumps(sorted({n.split('.')[0] for n in sys.modules})))"
+    )
+    loaded = set(
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, check=True
+            ).stdout
+        )
+    )
     assert len(modules) > 20
-    assert not loaded & {"optuna", "matplotlib", "sphinx"}, sorted(loaded & {"optuna", "matplotlib", "sphinx"})
+    assert not loaded & {"optuna", "matplotlib", "sphinx"}, sorted(
+        loaded & {"optuna", "matplotlib", "sphinx"}
+    )
 
 
 def test_nothing_in_src_imports_docs_or_tests() -> None:
@@ -198,9 +240,20 @@ def test_nothing_in_src_imports_docs_or_tests() -> None:
                 targets = [node.module or ""]
             else:
                 continue
-            bad += [f"{name}: {t}" for t in targets if t.split(".")[0] in {"docs", "tests", "conftest", "audit",
-                                                                            "trainopt_docs", "reference",
-                                                                            "trainopt_site"}]
+            bad += [
+                f"{name}: {t}"
+                for t in targets
+                if t.split(".")[0]
+                in {
+                    "docs",
+                    "tests",
+                    "conftest",
+                    "audit",
+                    "trainopt_docs",
+                    "reference",
+                    "trainopt_site",
+                }
+            ]
         if re.search(r"sys\.path\.(insert|append)", path.read_text()):
             bad.append(f"{name}: changes sys.path")
     assert not bad, bad
@@ -220,16 +273,25 @@ def _page_targets(text: str) -> list[str]:
     """Every trainopt module a page imports, includes, renders or runs."""
     found = re.findall(r"^\s*(?:>>> |\.\.\. )?from (trainopt[\w.]*) import", text, flags=re.M)
     found += re.findall(r"^\s*(?:>>> |\.\.\. )?import (trainopt[\w.]*)", text, flags=re.M)
-    found += [name.rsplit(".", 1)[0] for name in
-              re.findall(r"^```\{trainopt-(?:source|figure|render)\}\s+(trainopt[\w.]+)", text, flags=re.M)]
+    found += [
+        name.rsplit(".", 1)[0]
+        for name in re.findall(
+            r"^```\{trainopt-(?:source|figure|render)\}\s+(trainopt[\w.]+)", text, flags=re.M
+        )
+    ]
     found += re.findall(r"python -m (trainopt[\w.]*)", text)
     return found
 
 
 def test_the_page_map_covers_every_page() -> None:
-    pages = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")
-             if not p.relative_to(DOCS).parts[0].startswith(("_", "reference"))}
-    assert pages == set(PAGES), f"pages not in the map: {sorted(pages - set(PAGES))}; gone: {sorted(set(PAGES) - pages)}"
+    pages = {
+        str(p.relative_to(DOCS))
+        for p in DOCS.rglob("*.md")
+        if not p.relative_to(DOCS).parts[0].startswith(("_", "reference"))
+    }
+    assert pages == set(PAGES), (
+        f"pages not in the map: {sorted(pages - set(PAGES))}; gone: {sorted(set(PAGES) - pages)}"
+    )
 
 
 def _workshop_of(packages: tuple[str, ...]) -> tuple[str, ...]:
@@ -240,8 +302,11 @@ def _workshop_of(packages: tuple[str, ...]) -> tuple[str, ...]:
 def _usage_imports(text: str) -> list[str]:
     """The modules a page's usage blocks (```python, run by Sybil and copied by readers) import."""
     blocks = re.findall(r"^```python[^\n]*\n(.*?)^```", text, flags=re.M | re.S)
-    return [m for block in blocks
-            for m in re.findall(r"^\s*(?:from|import) ([\w.]+)", block, flags=re.M)]
+    return [
+        m
+        for block in blocks
+        for m in re.findall(r"^\s*(?:from|import) ([\w.]+)", block, flags=re.M)
+    ]
 
 
 @pytest.mark.parametrize("page", sorted(PAGES))
@@ -266,8 +331,10 @@ def test_usage_blocks_import_only_the_wheel(page: str) -> None:
 
 
 def test_usage_block_rule_sees_a_workshop_import_but_not_a_figure() -> None:
-    text = ("```{trainopt-figure} trainopt_site.stability.faults.fault_injection_figure\n```\n"
-            "```python\nimport torch\nfrom trainopt_site.stability.faults import main\n```\n")
+    text = (
+        "```{trainopt-figure} trainopt_site.stability.faults.fault_injection_figure\n```\n"
+        "```python\nimport torch\nfrom trainopt_site.stability.faults import main\n```\n"
+    )
     assert _usage_imports(text) == ["torch", "trainopt_site.stability.faults"]
     assert "trainopt_site.stability.faults" in _page_targets(text)
 

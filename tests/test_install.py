@@ -20,18 +20,30 @@ require("build", "test")  # the wheel is built with it
 
 
 def test_the_wheel_carries_every_data_file(trainopt_wheel: Path) -> None:
-    shipped = {p.relative_to(ROOT / "src").as_posix() for p in (ROOT / "src/trainopt/data").rglob("*")
-               if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts}
+    shipped = {
+        p.relative_to(ROOT / "src").as_posix()
+        for p in (ROOT / "src/trainopt/data").rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+    }
     names = set(zipfile.ZipFile(trainopt_wheel).namelist())
     assert shipped and not shipped - names, f"not in the wheel: {sorted(shipped - names)}"
 
 
-def test_the_installed_wheel_is_what_its_environment_imports(wheel_python: Path, tmp_path: Path) -> None:
+def test_the_installed_wheel_is_what_its_environment_imports(
+    wheel_python: Path, tmp_path: Path
+) -> None:
     """No path to the repository or the test environment: trainopt, and the digits, from the wheel."""
-    code = ("import sys, trainopt, torch\nfrom trainopt.models import digits_data\n"
-            "print(trainopt.__file__)\nprint(digits_data()[0].shape[0])\nprint(sys.path)")
-    run = subprocess.run([str(wheel_python), "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                         timeout=300)
+    code = (
+        "import sys, trainopt, torch\nfrom trainopt.models import digits_data\n"
+        "print(trainopt.__file__)\nprint(digits_data()[0].shape[0])\nprint(sys.path)"
+    )
+    run = subprocess.run(
+        [str(wheel_python), "-I", "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     where, rows, path = run.stdout.splitlines()
     assert str(wheel_python.parents[1]) in where and str(ROOT) not in where, where

@@ -10,8 +10,12 @@ from trainopt.models import gpt_config, synthetic_batch
 
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_synthetic_batch_inputs_and_targets_share_no_storage(batch_size):
-    x, y = synthetic_batch(gpt_config("tiny"), batch_size=batch_size, seq_len=8,
-                           generator=torch.Generator().manual_seed(0))
+    x, y = synthetic_batch(
+        gpt_config("tiny"),
+        batch_size=batch_size,
+        seq_len=8,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
     assert x.is_contiguous() and y.is_contiguous()
     assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the inputs shifted by one

@@ -54,7 +54,9 @@ MUTATIONS = [
     Mutation(
         "the median pruner sees only its own worker's trials",
         "hpo/study.py",
-        "        return optuna.pruners.MedianPruner(n_startup_trials=n_startup_trials, n_warmup_steps=n_warmup_steps)",
+        "        return optuna.pruners.MedianPruner(\n"
+        "            n_startup_trials=n_startup_trials, n_warmup_steps=n_warmup_steps\n"
+        "        )",
         """        class OwnWorkerMedian(optuna.pruners.MedianPruner):
             def prune(self, study, trial):
                 me, every = trial.user_attrs.get("worker"), study.get_trials
@@ -66,7 +68,9 @@ MUTATIONS = [
                     del study.get_trials
 
         return OwnWorkerMedian(n_startup_trials=n_startup_trials, n_warmup_steps=n_warmup_steps)""",
-        ("tests/hpo/test_hpo_workers.py::test_two_workers_run_the_budget_and_prune_with_each_others_results[sqlite]",),
+        (
+            "tests/hpo/test_hpo_workers.py::test_two_workers_run_the_budget_and_prune_with_each_others_results[sqlite]",
+        ),
     ),
     Mutation(
         "a skipped first step leaves its new state at zero",
@@ -78,8 +82,8 @@ MUTATIONS = [
     Mutation(
         "the speed-up is inverted (baseline over candidate)",
         "perf/bench/harness.py",
-        "        ratio = b[\"tokens_per_s\"] / a[\"tokens_per_s\"]",
-        "        ratio = a[\"tokens_per_s\"] / b[\"tokens_per_s\"]",
+        '        ratio = b["tokens_per_s"] / a["tokens_per_s"]',
+        '        ratio = a["tokens_per_s"] / b["tokens_per_s"]',
         ("tests/perf/bench/test_bench.py::test_speedup_is_candidate_over_baseline_throughput",),
     ),
     Mutation(
@@ -94,16 +98,20 @@ MUTATIONS = [
         "stability/core.py",
         "        self.window.reopen()\n        self.window_start = self.steps\n        logger.warning(",
         "        self.window_start = self.steps\n        logger.warning(",
-        ("tests/stability/test_rollback_path.py::test_after_a_rollback_each_step_runs_at_lr_factor_times_"
-         "the_schedule_at_the_restored_position",),
+        (
+            "tests/stability/test_rollback_path.py::test_after_a_rollback_each_step_runs_at_lr_factor_times_"
+            "the_schedule_at_the_restored_position",
+        ),
     ),
     Mutation(
         "a window with flagged steps in a row becomes a rollback target",
         "stability/core.py",
         '        if report["is_stable"]:\n            return True\n        return (',
         "        return True or (",
-        ("tests/stability/test_rollback_path.py::test_a_window_with_two_flagged_steps_in_a_row_is_no_"
-         "rollback_target",),
+        (
+            "tests/stability/test_rollback_path.py::test_a_window_with_two_flagged_steps_in_a_row_is_no_"
+            "rollback_target",
+        ),
     ),
     Mutation(
         "a resume does not restore the random generators (the masks drawn after a restart differ)",
@@ -112,10 +120,12 @@ MUTATIONS = [
         "        pass  # the generators are not restored\n",
         # the 10-s restart test first (-x stops at the first failure); the recipe's SIGKILL test,
         # 50 s, catches it too
-        ("tests/stability/test_stabilizer.py"
-         "::test_a_restart_from_the_stabilizers_own_checkpoint_is_bitwise_the_same_run",
-         "tests/stability/test_recipe_restarts.py"
-         "::test_a_run_killed_at_random_moments_ends_bitwise_equal_to_an_uninterrupted_run"),
+        (
+            "tests/stability/test_stabilizer.py"
+            "::test_a_restart_from_the_stabilizers_own_checkpoint_is_bitwise_the_same_run",
+            "tests/stability/test_recipe_restarts.py"
+            "::test_a_run_killed_at_random_moments_ends_bitwise_equal_to_an_uninterrupted_run",
+        ),
     ),
     Mutation(
         "the resumable loader draws its workers' seed from the global generator",
@@ -136,8 +146,10 @@ MUTATIONS = [
         "stability/stabilizer_state.py",
         "        if initial is None or self.stabilizer.steps != 0:\n",
         "        if True:\n",
-        ("tests/stability/test_recipe_restarts.py"
-         "::test_a_resume_from_the_checkpoint_written_before_the_first_step_is_the_same_run",),
+        (
+            "tests/stability/test_recipe_restarts.py"
+            "::test_a_resume_from_the_checkpoint_written_before_the_first_step_is_the_same_run",
+        ),
     ),
     Mutation(
         "the resumable loader's workers draw from a seed per epoch and worker, not per batch",
@@ -166,20 +178,30 @@ def pristine() -> Path:
 def test_the_suite_catches_the_break(mutation: Mutation, pristine: Path, tmp_path: Path) -> None:
     target = pristine / "trainopt" / mutation.path
     text = target.read_text()
-    assert text.count(mutation.old) == 1, f"the mutation of {mutation.path} no longer matches the code"
+    assert text.count(mutation.old) == 1, (
+        f"the mutation of {mutation.path} no longer matches the code"
+    )
     scratch = tmp_path / "src"
     shutil.copytree(pristine, scratch, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     (scratch / "trainopt" / mutation.path).write_text(text.replace(mutation.old, mutation.new))
     env = {**os.environ, "PYTHONPATH": str(scratch)}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:randomly", *mutation.tests],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     # 1: tests ran and failed. 0 would mean the break went unnoticed; 2-5 a broken invocation.
     assert result.returncode == 1, (
-        f"{mutation.name}: pytest exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-2000:]}")
+        f"{mutation.name}: pytest exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-2000:]}"
+    )
     assert " failed" in result.stdout.splitlines()[-1], result.stdout[-2000:]
-    caught = [line.split(" - ")[0].removeprefix("FAILED ") for line in result.stdout.splitlines()
-              if line.startswith("FAILED ")]
+    caught = [
+        line.split(" - ")[0].removeprefix("FAILED ")
+        for line in result.stdout.splitlines()
+        if line.startswith("FAILED ")
+    ]
     assert caught, result.stdout[-2000:]
     append_line("mutations.txt", f"{mutation.name}: caught by {caught[0]}")  # under a lock

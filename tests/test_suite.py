@@ -50,29 +50,35 @@ def broken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 @pytest.mark.parametrize("ci", ["true", "1"])
 def test_a_missing_dependency_fails_in_ci_naming_it_and_its_extra(
-        ci: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ci: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CI", ci)
     assert f"{MISSING} is not installed (pip install 'trainopt[hf]')" in failed(MISSING, "hf")
 
 
 def test_a_broken_dependency_fails_in_ci(broken: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CI", "true")
-    assert (f"{broken} is installed but its import failed: ModuleNotFoundError: "
-            "No module named 'trainopt_broken_dep'") in failed(broken, "test")
+    assert (
+        f"{broken} is installed but its import failed: ModuleNotFoundError: "
+        "No module named 'trainopt_broken_dep'"
+    ) in failed(broken, "test")
 
 
 def test_a_dependency_whose_import_raises_fails_in_ci(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "trainopt_raising_mod.py").write_text("raise ImportError('cannot import name x')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("CI", "true")
     assert "installed but its import failed: ImportError: cannot import name x" in failed(
-        "trainopt_raising_mod", "test")
+        "trainopt_raising_mod", "test"
+    )
 
 
 @pytest.mark.parametrize("ci", [None, "", "0", "false"])
 def test_outside_ci_a_missing_or_broken_dependency_skips_with_the_reason(
-        ci: str | None, broken: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ci: str | None, broken: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if ci is None:
         monkeypatch.delenv("CI", raising=False)
     else:
@@ -97,8 +103,10 @@ def test_records_from_processes_at_once_keep_every_key(tmp_path: Path) -> None:
     a read-modify-write of one worker overwrites the other's keys)."""
     context = multiprocessing.get_context("spawn")
     start = context.Barrier(4)
-    workers = [context.Process(target=_start_then_record, args=(start, str(tmp_path), w, 40))
-               for w in range(4)]
+    workers = [
+        context.Process(target=_start_then_record, args=(start, str(tmp_path), w, 40))
+        for w in range(4)
+    ]
     for worker in workers:
         worker.start()
     for worker in workers:

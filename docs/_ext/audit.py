@@ -79,14 +79,15 @@ def constant_condition(args: str) -> bool:
     machine: a condition must read something (a name, an attribute, a call). An unparsable
     condition counts as constant, so it is reported too.
     """
-    inner = args[len("next"):].strip()
+    inner = args[len("next") :].strip()
     try:
         call = ast.parse(inner.replace("if(", "_skip(", 1), mode="eval").body
         condition = call.args[0]
     except (SyntaxError, AttributeError, IndexError):
         return True
-    return not any(isinstance(node, (ast.Name, ast.Attribute, ast.Call))
-                   for node in ast.walk(condition))
+    return not any(
+        isinstance(node, (ast.Name, ast.Attribute, ast.Call)) for node in ast.walk(condition)
+    )
 
 
 def problems_in(path: Path, root: Path | None = None) -> list[str]:
@@ -96,10 +97,16 @@ def problems_in(path: Path, root: Path | None = None) -> list[str]:
     text = path.read_text()
     for n, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
-        if stripped.startswith("<!--") and re.search(r"(skip|invisible-code|code-block):", stripped):
-            issues.append(f"{name}:{n}: Sybil directive in an HTML comment (leaks into the page); use '% ...'")
+        if stripped.startswith("<!--") and re.search(
+            r"(skip|invisible-code|code-block):", stripped
+        ):
+            issues.append(
+                f"{name}:{n}: Sybil directive in an HTML comment (leaks into the page); use '% ...'"
+            )
         if re.match(r"^%\s*(invisible-code-block|invisible-code)", stripped):
-            issues.append(f"{name}:{n}: invisible code block: examples may rely on nothing the reader can't see")
+            issues.append(
+                f"{name}:{n}: invisible code block: examples may rely on nothing the reader can't see"
+            )
         skip = SKIP.match(stripped)
         if skip and not GOOD_SKIP.match(skip.group("args").strip()):
             issues.append(
@@ -118,19 +125,32 @@ def problems_in(path: Path, root: Path | None = None) -> list[str]:
             if re.search(r"^Traceback \(most recent call last\)", block.body, flags=re.M):
                 issues.append(
                     f"{where}: a doctest that expects a traceback stops a reader's pasted script; "
-                    "catch the error and show its message instead")
+                    "catch the error and show its message instead"
+                )
             continue
         if language == SOURCE_DIRECTIVE:
             if not re.match(r"^\{trainopt-source\}\s+trainopt(\.\w+)+$", info):
-                issues.append(f"{where}: trainopt-source needs a dotted trainopt name, got {info!r}")
+                issues.append(
+                    f"{where}: trainopt-source needs a dotted trainopt name, got {info!r}"
+                )
             continue
         if language in PY_LANGS:
-            issues.append(f"{where}: ```{language} block is neither executed nor included; use ```python")
-        elif re.match(r"^\{(code-block|code|sourcecode|code-cell)\}\s+(python|py|python3|pycon)\b", info):
-            issues.append(f"{where}: {info!r} is not executed by Sybil; use a plain ```python block")
+            issues.append(
+                f"{where}: ```{language} block is neither executed nor included; use ```python"
+            )
+        elif re.match(
+            r"^\{(code-block|code|sourcecode|code-cell)\}\s+(python|py|python3|pycon)\b", info
+        ):
+            issues.append(
+                f"{where}: {info!r} is not executed by Sybil; use a plain ```python block"
+            )
         elif re.match(r"^\{literalinclude\}\s+\S+\.py\b", info):
-            issues.append(f"{where}: literalinclude of a .py file; use {{trainopt-source}} by object name")
-        elif language == "{eval-rst}" and re.search(r"code-block::\s*(python|py)|literalinclude::", block.body):
+            issues.append(
+                f"{where}: literalinclude of a .py file; use {{trainopt-source}} by object name"
+            )
+        elif language == "{eval-rst}" and re.search(
+            r"code-block::\s*(python|py)|literalinclude::", block.body
+        ):
             issues.append(f"{where}: Python inside eval-rst is not executed; use ```python")
     return issues
 
@@ -217,13 +237,22 @@ def run_alone(path: Path, timeout: float = 600) -> list[Alone]:
     import tempfile
 
     page = [b for b in blocks(path) if b.info.split()[:1] == ["python"]]
-    payload = [{"line": b.line, "code": _code_of(b), "skip": _skip_condition(b.skipped_by)} for b in page]
+    payload = [
+        {"line": b.line, "code": _code_of(b), "skip": _skip_condition(b.skipped_by)} for b in page
+    ]
     env = {k: v for k, v in os.environ.items() if k not in ("TRAINOPT_REQUIRE_CUDA",)}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
     env["MPLBACKEND"] = "Agg"
     with tempfile.TemporaryDirectory(prefix="trainopt-alone-") as base:
-        result = subprocess.run([sys.executable, "-c", _FORK_EACH], input=json.dumps(payload), cwd=base,
-                                capture_output=True, text=True, env=env, timeout=timeout)
+        result = subprocess.run(
+            [sys.executable, "-c", _FORK_EACH],
+            input=json.dumps(payload),
+            cwd=base,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+        )
     if result.returncode != 0:
         raise RuntimeError(f"{path}: the block runner failed:\n{result.stderr[-3000:]}")
     outcomes = json.loads(result.stdout.strip().splitlines()[-1])
@@ -234,11 +263,13 @@ def run_alone(path: Path, timeout: float = 600) -> list[Alone]:
 def _skip_condition(skip: str | None) -> str | None:
     if not skip:
         return None
-    call = ast.parse("f" + skip.strip().removeprefix("next").strip().removeprefix("if"), mode="eval").body
+    call = ast.parse(
+        "f" + skip.strip().removeprefix("next").strip().removeprefix("if"), mode="eval"
+    ).body
     return ast.unparse(call.args[0])
 
 
-_FORK_EACH = r'''
+_FORK_EACH = r"""
 import json, os, sys, tempfile, traceback
 import torch  # imported once; each block runs in a process forked from here
 blocks = json.load(sys.stdin)
@@ -279,7 +310,7 @@ for block in blocks:
     error = open(report).read() if os.path.getsize(report) else ("" if status == 0 else f"exit status {status}")
     results.append({"line": block["line"], "outcome": "runs" if status == 0 else "fails", "error": error})
 print(json.dumps(results))
-'''
+"""
 
 
 def free_names(code: str) -> set[str]:
@@ -321,16 +352,22 @@ def unmarked_dependents(path: Path, root: Path | None = None) -> list[str]:
             continue
         free = sorted(free_names(_code_of(block)))
         if free:
-            problems.append(f"{name}:{block.line}: reads {', '.join(free[:5])}{' ...' if len(free) > 5 else ''} "
-                            "from earlier blocks; put '% needs: <the block to run first>' above it")
+            problems.append(
+                f"{name}:{block.line}: reads {', '.join(free[:5])}{' ...' if len(free) > 5 else ''} "
+                "from earlier blocks; put '% needs: <the block to run first>' above it"
+            )
     return problems
 
 
 def alone_problems(path: Path, results: list[Alone], root: Path | None = None) -> list[str]:
     """Blocks that fail alone and don't say what to run first."""
     name = path.relative_to(root) if root else path
-    return [f"{name}:{r.line}: fails when copied alone ({r.error}); put '% needs: <the block to run first>' "
-            "above it" for r in results if r.outcome == "fails" and not r.marked]
+    return [
+        f"{name}:{r.line}: fails when copied alone ({r.error}); put '% needs: <the block to run first>' "
+        "above it"
+        for r in results
+        if r.outcome == "fails" and not r.marked
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -338,16 +375,23 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python docs/_ext/audit.py")
-    parser.add_argument("--alone", action="store_true", help="run each python block alone and count")
-    parser.add_argument("pages", nargs="*", type=Path, help="pages (default: every page under docs/)")
+    parser.add_argument(
+        "--alone", action="store_true", help="run each python block alone and count"
+    )
+    parser.add_argument(
+        "pages", nargs="*", type=Path, help="pages (default: every page under docs/)"
+    )
     args = parser.parse_args(argv)
     docs = Path(__file__).resolve().parents[1]
     if not args.alone:
         problems = audit(docs)
         print("\n".join(problems) or "every python block is included or executed")
         return 1 if problems else 0
-    pages = args.pages or [p for p in sorted(docs.rglob("*.md"))
-                           if not any(s.startswith("_") for s in p.relative_to(docs).parts)]
+    pages = args.pages or [
+        p
+        for p in sorted(docs.rglob("*.md"))
+        if not any(s.startswith("_") for s in p.relative_to(docs).parts)
+    ]
     missing_total = 0
     for page in pages:
         page = page.resolve()
@@ -358,9 +402,11 @@ def main(argv: list[str] | None = None) -> int:
         marked = sum(bool(r.marked) for r in results)
         missing = alone_problems(page, results, docs)
         missing_total += len(missing)
-        print(f"{page.relative_to(docs)}: {len(results)} blocks; {count['runs']} run alone, {count['fails']} "
-              f"fail alone, {count['skipped']} skipped here; {marked} marked '% needs:'; "
-              f"{len(missing)} need a marker")
+        print(
+            f"{page.relative_to(docs)}: {len(results)} blocks; {count['runs']} run alone, {count['fails']} "
+            f"fail alone, {count['skipped']} skipped here; {marked} marked '% needs:'; "
+            f"{len(missing)} need a marker"
+        )
         for problem in missing:
             print("    " + problem)
     return 1 if missing_total else 0

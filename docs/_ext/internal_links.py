@@ -27,7 +27,9 @@ class _Collector(HTMLParser):
             self.ids.add(attributes["name"])
         for key in ("href", "src"):
             value = attributes.get(key)
-            if value and not (tag == "link" and attributes.get("rel") in ("preconnect", "dns-prefetch")):
+            if value and not (
+                tag == "link" and attributes.get("rel") in ("preconnect", "dns-prefetch")
+            ):
                 self.links.append(value)
 
 
@@ -40,7 +42,11 @@ def _parse(path: Path) -> _Collector:
 def broken_links(html_dir: Path) -> list[str]:
     """Return ``"page: link (reason)"`` for every internal link or image that does not resolve."""
     html_dir = Path(html_dir)
-    pages = {p: _parse(p) for p in html_dir.rglob("*.html") if "_static" not in p.relative_to(html_dir).parts}
+    pages = {
+        p: _parse(p)
+        for p in html_dir.rglob("*.html")
+        if "_static" not in p.relative_to(html_dir).parts
+    }
     problems: list[str] = []
     for page, collector in pages.items():
         for link in collector.links:

@@ -44,9 +44,11 @@ def doctest_as_code(body: str) -> str:
             if "..." in want:  # an ellipsis in the expected output: show the value, don't check it
                 parts.append(f"print({source.strip()})")
             else:
-                parts.append(f"_value = {source.strip()}\n"
-                             f"assert ' '.join(repr(_value).split()) == {shown!r} or "
-                             f"' '.join(str(_value).split()) == {shown!r}, _value\n_value")
+                parts.append(
+                    f"_value = {source.strip()}\n"
+                    f"assert ' '.join(repr(_value).split()) == {shown!r} or "
+                    f"' '.join(str(_value).split()) == {shown!r}, _value\n_value"
+                )
         else:
             parts.append(source)
     return "\n".join(parts)
@@ -57,8 +59,14 @@ def _is_expression(source: str) -> bool:
         tree = ast.parse(source)
     except SyntaxError:
         return False
-    return len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr) and not (
-        isinstance(tree.body[0].value, ast.Call) and getattr(tree.body[0].value.func, "id", "") == "print")
+    return (
+        len(tree.body) == 1
+        and isinstance(tree.body[0], ast.Expr)
+        and not (
+            isinstance(tree.body[0].value, ast.Call)
+            and getattr(tree.body[0].value.func, "id", "") == "print"
+        )
+    )
 
 
 def _markdown(lines: list[str]) -> str:
@@ -77,15 +85,26 @@ def _markdown(lines: list[str]) -> str:
             while end < len(lines) and not lines[end].strip().startswith(fence.group(2)):
                 end += 1
             name, argument = fence.group(3), fence.group(4).strip()
-            body = [b for b in lines[i + 1:end] if not re.match(r"^\s*:[\w-]+:", b)]
+            body = [b for b in lines[i + 1 : end] if not re.match(r"^\s*:[\w-]+:", b)]
             if name == "trainopt-source":
                 from trainopt_docs import source_with_imports
 
-                out += [f"Implementation of `{argument}` (shown, not run):", "", "```python",
-                        *source_with_imports(argument).rstrip("\n").splitlines(), "```"]
+                out += [
+                    f"Implementation of `{argument}` (shown, not run):",
+                    "",
+                    "```python",
+                    *source_with_imports(argument).rstrip("\n").splitlines(),
+                    "```",
+                ]
             elif name == "trainopt-figure":
-                caption = next((re.sub(r"^\s*:caption:\s*", "", b) for b in lines[i + 1:end]
-                                if re.match(r"^\s*:caption:", b)), "")
+                caption = next(
+                    (
+                        re.sub(r"^\s*:caption:\s*", "", b)
+                        for b in lines[i + 1 : end]
+                        if re.match(r"^\s*:caption:", b)
+                    ),
+                    "",
+                )
                 out.append(f"*Figure on the page: {caption}*")
             elif name in ("note", "tip", "warning", "important", "admonition", "dropdown"):
                 out += body
@@ -93,7 +112,9 @@ def _markdown(lines: list[str]) -> str:
             continue
         if re.match(r"^\s*:{3,}", line):
             i += 1
-            while i < len(lines) and re.match(r"^\s*:[\w-]+:(\s|$)", lines[i]):  # the directive's options
+            while i < len(lines) and re.match(
+                r"^\s*:[\w-]+:(\s|$)", lines[i]
+            ):  # the directive's options
                 i += 1
             continue
         out.append(line)
@@ -105,7 +126,7 @@ def notebook_for(path: Path) -> dict[str, Any]:
     """The nbformat 4 notebook of a MyST page (see the module docstring)."""
     text = path.read_text()
     if text.startswith("---\n"):
-        text = text[text.index("\n---", 4) + 4:]
+        text = text[text.index("\n---", 4) + 4 :]
     offset = len(path.read_text().splitlines()) - len(text.splitlines())
     lines = text.splitlines()
     cells: list[dict[str, Any]] = []
@@ -117,14 +138,21 @@ def notebook_for(path: Path) -> dict[str, Any]:
         end = start + 1 + len(block.body.splitlines()) + 1 if block.body else start + 2
         prose = [line for line in lines[position:start] if not SKIP.match(line.strip())]
         markdown = _markdown(prose)
-        code = doctest_as_code(block.body) if re.search(r"^\s*>>> ", block.body, re.M) else block.body
+        code = (
+            doctest_as_code(block.body) if re.search(r"^\s*>>> ", block.body, re.M) else block.body
+        )
         condition = _skip_condition(block.skipped_by)
         if condition:
             reason = re.search(r"reason\s*=\s*(['\"])(.+)\1", block.skipped_by).group(2)
-            markdown += f"\n\n**{reason}**: the next cell runs only where `{condition}` is false; " \
-                        "elsewhere it prints why it was skipped."
-            code = (f"if not ({condition}):\n" + textwrap.indent(code, "    ") +
-                    f"\nelse:\n    print({('skipped: ' + reason)!r})")
+            markdown += (
+                f"\n\n**{reason}**: the next cell runs only where `{condition}` is false; "
+                "elsewhere it prints why it was skipped."
+            )
+            code = (
+                f"if not ({condition}):\n"
+                + textwrap.indent(code, "    ")
+                + f"\nelse:\n    print({('skipped: ' + reason)!r})"
+            )
         if markdown.strip():
             cells.append(_cell("markdown", markdown))
         cells.append(_cell("code", code))
@@ -135,15 +163,23 @@ def notebook_for(path: Path) -> dict[str, Any]:
         cells.append(_cell("markdown", rest))
     for number, cell in enumerate(cells):
         cell["id"] = f"cell-{number}"
-    return {"cells": cells, "metadata": {
-        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-        "language_info": {"name": "python"}}, "nbformat": 4, "nbformat_minor": 5}
+    return {
+        "cells": cells,
+        "metadata": {
+            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+            "language_info": {"name": "python"},
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
 
 
 def _skip_condition(skip: str | None) -> str | None:
     if not skip:
         return None
-    call = ast.parse("f" + skip.strip().removeprefix("next").strip().removeprefix("if"), mode="eval").body
+    call = ast.parse(
+        "f" + skip.strip().removeprefix("next").strip().removeprefix("if"), mode="eval"
+    ).body
     return ast.unparse(call.args[0])
 
 

@@ -47,8 +47,10 @@ def public_objects(module_name: str) -> list[str]:
     module = importlib.import_module(module_name)
     exported = set(getattr(module, "__all__", vars(module)))
     return sorted(
-        name for name, obj in vars(module).items()
-        if not name.startswith("_") and name in exported
+        name
+        for name, obj in vars(module).items()
+        if not name.startswith("_")
+        and name in exported
         and (inspect.isfunction(obj) or inspect.isclass(obj))
         and getattr(obj, "__module__", None) == module_name
     )
@@ -93,7 +95,7 @@ def _one_line(obj: object) -> str:
     return LITERAL.sub(lambda m: f"`{m.group(1)}`", line).replace("|", "\\|")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _public_modules() -> tuple[str, ...]:
     return tuple(public_modules())
 
@@ -101,10 +103,15 @@ def _public_modules() -> tuple[str, ...]:
 def _defined_in(package: str, name: str, obj: object) -> str:
     """The module of ``package`` whose reference page documents ``obj``."""
     module = getattr(obj, "__module__", None)
-    if (inspect.isfunction(obj) or inspect.isclass(obj)) and (module in _public_modules() or module == package):
+    if (inspect.isfunction(obj) or inspect.isclass(obj)) and (
+        module in _public_modules() or module == package
+    ):
         return module  # documented where it is defined, even in another section (a re-export)
     for candidate in _public_modules():
-        if candidate.startswith(package + ".") and vars(importlib.import_module(candidate)).get(name) is obj:
+        if (
+            candidate.startswith(package + ".")
+            and vars(importlib.import_module(candidate)).get(name) is obj
+        ):
             return candidate
     return package
 
@@ -139,8 +146,12 @@ def _exports_table(package: str) -> str:
     rows = exported_names(package)
     if not rows:
         return ""
-    lines = [f"`from {package} import ...` gives these names; each links to its full entry.", "",
-             "| name | what it is |", "| --- | --- |"]
+    lines = [
+        f"`from {package} import ...` gives these names; each links to its full entry.",
+        "",
+        "| name | what it is |",
+        "| --- | --- |",
+    ]
     for name, target, summary in rows:
         role = "py:obj" if target.endswith("." + name) else "py:mod"
         lines.append(f"| {{{role}}}`{name} <{target}>` | {summary} |")
@@ -152,8 +163,14 @@ def _children(module_name: str, modules: list[str]) -> list[str]:
     if module_name not in dict(GROUPS):
         return []
     members = [m for m in modules if group_of(m) == module_name and m != module_name]
-    below = [g for g, _ in GROUPS if g != module_name and g.startswith(module_name + ".") and g in modules
-             and group_of(g.rsplit(".", 1)[0]) == module_name]
+    below = [
+        g
+        for g, _ in GROUPS
+        if g != module_name
+        and g.startswith(module_name + ".")
+        and g in modules
+        and group_of(g.rsplit(".", 1)[0]) == module_name
+    ]
     return sorted(below) + members
 
 
@@ -161,13 +178,21 @@ def page_text(module_name: str, modules: list[str] | None = None) -> str:
     summary = _plain_summary(module_name)
     modules = public_modules() if modules is None else modules
     children = _children(module_name, modules)
-    is_section = module_name in dict(GROUPS) and hasattr(importlib.import_module(module_name), "__path__")
+    is_section = module_name in dict(GROUPS) and hasattr(
+        importlib.import_module(module_name), "__path__"
+    )
     exports = _exports_table(module_name) if is_section else ""
     titles = dict(GROUPS)
     # the sidebar names a module by its path below its section, in plain text: short, never clipped
-    entries = [f"{titles[c]} <{c}>" if c in titles else f"{c.removeprefix(module_name + '.')} <{c}>"
-               for c in children]
-    toctree = ("```{toctree}\n:hidden:\n:maxdepth: 1\n\n" + "\n".join(entries) + "\n```\n") if children else ""
+    entries = [
+        f"{titles[c]} <{c}>" if c in titles else f"{c.removeprefix(module_name + '.')} <{c}>"
+        for c in children
+    ]
+    toctree = (
+        ("```{toctree}\n:hidden:\n:maxdepth: 1\n\n" + "\n".join(entries) + "\n```\n")
+        if children
+        else ""
+    )
     return (
         "---\n"
         f'description: "API reference of {module_name}: {summary}"\n'
@@ -180,8 +205,7 @@ def page_text(module_name: str, modules: list[str] | None = None) -> str:
         "   :members:\n"
         "   :ignore-module-all:\n"
         "   :show-inheritance:\n"
-        "```\n"
-        + ("\n" + toctree if toctree else "")
+        "```\n" + ("\n" + toctree if toctree else "")
     )
 
 
@@ -233,7 +257,8 @@ def index_text(modules: list[str]) -> str:
         "# API Reference\n\n"
         "Every public module of `trainopt`, grouped by package and generated from the docstrings\n"
         "in `src/`. Each object's docstring example is executed by the test suite.\n\n"
-        + "\n".join(sections) + "\n"
+        + "\n".join(sections)
+        + "\n"
         "```{toctree}\n:hidden:\n:maxdepth: 1\n\n"
         f"{toctree}\n"
         "```\n"

@@ -94,7 +94,10 @@ def _module_bindings(tree: ast.Module, module_name: str) -> dict[str, str]:
 
 def _find_node(tree: ast.Module, name: str) -> ast.AST:
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and node.name == name
+        ):
             return node
     raise ValueError(f"no top-level function or class named {name!r}")
 
@@ -128,9 +131,7 @@ def source_with_imports(dotted: str, docstrings: bool = False) -> str:
         if stmt is None:
             continue
         (own if stmt.startswith(f"from {module_name} import") else imports).append(stmt)
-    future = any(
-        isinstance(n, ast.ImportFrom) and n.module == "__future__" for n in tree.body
-    )
+    future = any(isinstance(n, ast.ImportFrom) and n.module == "__future__" for n in tree.body)
     lines = source.splitlines()
     if not docstrings:
         lines = _without_docstrings(lines, node)
@@ -160,8 +161,11 @@ def _without_docstrings(lines: list[str], node: ast.AST) -> list[str]:
         if not isinstance(sub, _DEFS) or not sub.body:
             continue
         first = sub.body[0]
-        if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-                and isinstance(first.value.value, str)):
+        if not (
+            isinstance(first, ast.Expr)
+            and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)
+        ):
             continue
         start, end = first.lineno, first.end_lineno
         indent = lines[start - 1][: len(lines[start - 1]) - len(lines[start - 1].lstrip())]
@@ -206,9 +210,15 @@ class TrainoptSource(SphinxDirective):
         self.set_source_info(literal)
         # The same component the {dropdown} directive builds, so the theme styles it alike.
         dropdown = create_component(
-            "dropdown", opened=False, type="dropdown", has_title=True, icon="code",
-            chevron=None, container_classes=["sd-mb-3", "trainopt-source-dropdown"],
-            title_classes=[], body_classes=[],
+            "dropdown",
+            opened=False,
+            type="dropdown",
+            has_title=True,
+            icon="code",
+            chevron=None,
+            container_classes=["sd-mb-3", "trainopt-source-dropdown"],
+            title_classes=[],
+            body_classes=[],
         )
         self.set_source_info(dropdown)
         # A long path may wrap on a phone: only after a dot, never inside a name.
@@ -268,7 +278,9 @@ def min_text_px(fig: Any, dpi: float = FIGURE_DPI) -> float:
     from matplotlib.text import Text
 
     fig.canvas.draw()  # tick labels exist only once drawn
-    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    sizes = [
+        t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()
+    ]
     if not sizes:
         return float("inf")
     return round(min(sizes) * dpi / 72, 2)
@@ -284,8 +296,13 @@ def save_figure(fig: Any, target: Path) -> bool:
 
     buffer = io.BytesIO()
     smallest = min_text_px(fig)
-    fig.savefig(buffer, dpi=FIGURE_DPI, bbox_inches="tight", format="png",
-                metadata={MIN_TEXT_KEY: f"{smallest:g}", "Software": None})
+    fig.savefig(
+        buffer,
+        dpi=FIGURE_DPI,
+        bbox_inches="tight",
+        format="png",
+        metadata={MIN_TEXT_KEY: f"{smallest:g}", "Software": None},
+    )
     data = buffer.getvalue()
     if target.exists() and target.read_bytes() == data:
         return False
@@ -311,11 +328,15 @@ def _missing_data(env: Any) -> dict[str, set[str]]:
     return env.trainopt_missing_data
 
 
-def reread_when_data_appears(app: Sphinx, env: Any, added: set[str], changed: set[str],
-                             removed: set[str]) -> list[str]:
+def reread_when_data_appears(
+    app: Sphinx, env: Any, added: set[str], changed: set[str], removed: set[str]
+) -> list[str]:
     """Pages that rendered a results file that was missing then and exists now."""
-    return [doc for doc, paths in _missing_data(env).items()
-            if doc not in removed and any(Path(p).exists() for p in paths)]
+    return [
+        doc
+        for doc, paths in _missing_data(env).items()
+        if doc not in removed and any(Path(p).exists() for p in paths)
+    ]
 
 
 def forget_missing_data(app: Sphinx, env: Any, docname: str) -> None:
@@ -354,7 +375,9 @@ class TrainoptFigure(SphinxDirective):
         where = self.env.doc2path(self.env.docname)
         for option in ("alt", "caption"):
             if not self.options.get(option, "").strip():
-                raise self.error(f"{where}: trainopt-figure {self.arguments[0]} needs a :{option}: text")
+                raise self.error(
+                    f"{where}: trainopt-figure {self.arguments[0]} needs a :{option}: text"
+                )
         try:
             fig = _call(self)
         except Exception as exc:  # noqa: BLE001
@@ -394,10 +417,13 @@ def link_figures_to_full_size(app: Sphinx, doctree: nodes.document, docname: str
         for image in list(figure.findall(nodes.image)):
             if isinstance(image.parent, nodes.reference):
                 continue
-            target = relative_uri(app.builder.get_target_uri(docname),
-                                  f"{app.builder.imagedir}/{Path(image['uri']).name}")
-            reference = nodes.reference("", "", refuri=target, internal=True,
-                                        classes=["trainopt-figure-link"])
+            target = relative_uri(
+                app.builder.get_target_uri(docname),
+                f"{app.builder.imagedir}/{Path(image['uri']).name}",
+            )
+            reference = nodes.reference(
+                "", "", refuri=target, internal=True, classes=["trainopt-figure-link"]
+            )
             image.replace_self(reference)
             reference += image
 
@@ -414,8 +440,11 @@ class TrainoptRender(SphinxDirective):
         except Exception as exc:  # noqa: BLE001
             raise self.error(f"trainopt-render {self.arguments[0]}: {exc!r}") from exc
         container = nodes.container(classes=["trainopt-rendered"])
-        self.state.nested_parse(StringList(text.splitlines(), source=self.get_source_info()[0]),
-                                self.content_offset, container)
+        self.state.nested_parse(
+            StringList(text.splitlines(), source=self.get_source_info()[0]),
+            self.content_offset,
+            container,
+        )
         return container.children
 
 
@@ -432,14 +461,18 @@ def read_front_matter(path: Path) -> tuple[dict[str, Any], str]:
         end = text.index("\n---", 4)
         meta = yaml.safe_load(text[4:end]) or {}
         text = text[end + 4 :]
-    title = next((line[2:].strip() for line in text.splitlines() if line.startswith("# ")), path.stem)
+    title = next(
+        (line[2:].strip() for line in text.splitlines() if line.startswith("# ")), path.stem
+    )
     return meta, title
 
 
 def difficulty_badge(difficulty: str) -> str:
     colour = DIFFICULTY_COLOURS.get(difficulty.lower())
     if colour is None:
-        raise ValueError(f"difficulty must be one of {sorted(DIFFICULTY_COLOURS)}, got {difficulty!r}")
+        raise ValueError(
+            f"difficulty must be one of {sorted(DIFFICULTY_COLOURS)}, got {difficulty!r}"
+        )
     return f"{{bdg-{colour}}}`{difficulty.capitalize()}`"
 
 
@@ -474,8 +507,9 @@ class TrainoptCards(SphinxDirective):
             lines += ["", str(summary), ":::", ""]
         lines.append("::::")
         container = nodes.container()
-        self.state.nested_parse(StringList(lines, source=self.get_source_info()[0]),
-                                self.content_offset, container)
+        self.state.nested_parse(
+            StringList(lines, source=self.get_source_info()[0]), self.content_offset, container
+        )
         return container.children
 
 
@@ -490,7 +524,8 @@ def add_difficulty_badge(app: Sphinx, doctree: nodes.document) -> None:
         return
     colour = DIFFICULTY_COLOURS.get(str(difficulty).lower(), "secondary")
     badge = nodes.inline(
-        "", str(difficulty).capitalize(),
+        "",
+        str(difficulty).capitalize(),
         classes=["sd-sphinx-override", "sd-badge", f"sd-bg-{colour}", f"sd-bg-text-{colour}"],
     )
     para = nodes.paragraph("", "", classes=["trainopt-difficulty"])
@@ -499,13 +534,13 @@ def add_difficulty_badge(app: Sphinx, doctree: nodes.document) -> None:
     section.insert(1, para)
 
 
-def add_meta_description(app: Sphinx, pagename: str, templatename: str, context: dict,
-                         doctree: nodes.document | None) -> None:
+def add_meta_description(
+    app: Sphinx, pagename: str, templatename: str, context: dict, doctree: nodes.document | None
+) -> None:
     meta = app.env.metadata.get(pagename, {})
     description = meta.get("description")
     if description:
-        escaped = (str(description).replace("&", "&amp;").replace('"', "&quot;")
-                   .replace("<", "&lt;"))
+        escaped = str(description).replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
         context["metatags"] = context.get("metatags", "") + (
             f'\n    <meta name="description" content="{escaped}" />'
         )

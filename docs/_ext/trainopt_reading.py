@@ -54,13 +54,18 @@ def skip_reason(skip: str | None) -> str | None:
 
 
 def _python_literals(doctree: nodes.document) -> list[nodes.literal_block]:
-    return [n for n in doctree.findall(nodes.literal_block)
-            if n.get("language") == "python" and "trainopt-source" not in n["classes"]]
+    return [
+        n
+        for n in doctree.findall(nodes.literal_block)
+        if n.get("language") == "python" and "trainopt-source" not in n["classes"]
+    ]
 
 
 def _note(text: str, classes: list[str], label: str) -> nodes.paragraph:
     para = nodes.paragraph("", "", classes=["trainopt-block-note", *classes])
-    para += nodes.inline("", label, classes=["sd-sphinx-override", "sd-badge", "trainopt-block-badge"])
+    para += nodes.inline(
+        "", label, classes=["sd-sphinx-override", "sd-badge", "trainopt-block-badge"]
+    )
     para += nodes.Text(" " + text if text else "")
     return para
 
@@ -91,16 +96,29 @@ def annotate_blocks(app: Sphinx, doctree: nodes.document) -> None:
         if reason:
             literal["classes"].append("trainopt-skipped-block")
             label = "needs CUDA" if re.search(r"\bcuda\b", reason, re.I) else reason
-            text = "skipped where there is no CUDA device" if label == "needs CUDA" else "skipped elsewhere"
-            before.append(_note(text, ["trainopt-needs-cuda" if label == "needs CUDA" else "trainopt-skips"],
-                                label))
+            text = (
+                "skipped where there is no CUDA device"
+                if label == "needs CUDA"
+                else "skipped elsewhere"
+            )
+            before.append(
+                _note(
+                    text,
+                    ["trainopt-needs-cuda" if label == "needs CUDA" else "trainopt-skips"],
+                    label,
+                )
+            )
         printed = outputs.get(code_sha1(block.body), {}).get("stdout")
         if printed and "print(" in block.body:
             after += _output_nodes(printed)
         parent = literal.parent
         anchor = literal
         # a literal block may sit inside a container (caption); annotate around the outermost one
-        while parent is not None and isinstance(parent, nodes.container) and "literal-block-wrapper" in parent["classes"]:
+        while (
+            parent is not None
+            and isinstance(parent, nodes.container)
+            and "literal-block-wrapper" in parent["classes"]
+        ):
             anchor, parent = parent, parent.parent
         index = parent.index(anchor)
         for node in reversed(before):
@@ -119,12 +137,21 @@ def _output_nodes(printed: str) -> list[nodes.Node]:
     lines = printed.splitlines()
     table = any(re.fullmatch(r"[-=]{3,}[-= ]*", line.strip()) for line in lines)
     if table and max(map(len, lines)) > WIDE:
-        return [nodes.raw("", '<details class="trainopt-output-wide"><summary>Output: a table '
-                          f"{max(map(len, lines))} characters wide</summary>"
-                          '<div class="highlight-text notranslate trainopt-output"><div class="highlight"><pre>'
-                          f"{html.escape(printed)}</pre></div></div></details>", format="html")]
+        return [
+            nodes.raw(
+                "",
+                '<details class="trainopt-output-wide"><summary>Output: a table '
+                f"{max(map(len, lines))} characters wide</summary>"
+                '<div class="highlight-text notranslate trainopt-output"><div class="highlight"><pre>'
+                f"{html.escape(printed)}</pre></div></div></details>",
+                format="html",
+            )
+        ]
     title = nodes.rubric("", "Output", classes=["trainopt-output-title"])
-    return [title, nodes.literal_block(printed, printed, language="text", classes=["trainopt-output"])]
+    return [
+        title,
+        nodes.literal_block(printed, printed, language="text", classes=["trainopt-output"]),
+    ]
 
 
 def add_notebook_button(app: Sphinx, doctree: nodes.document) -> None:
@@ -135,12 +162,16 @@ def add_notebook_button(app: Sphinx, doctree: nodes.document) -> None:
     if section is None:
         return
     name = Path(docname).name + ".ipynb"
-    html = (f'<p class="trainopt-notebook"><a class="sd-btn sd-btn-outline-primary sd-btn-sm" href="{name}" '
-            f'download="{name}">Download as a notebook</a> <span class="trainopt-notebook-note">'
-            "every code block of this page, in order; it runs top to bottom in a fresh kernel</span></p>")
+    html = (
+        f'<p class="trainopt-notebook"><a class="sd-btn sd-btn-outline-primary sd-btn-sm" href="{name}" '
+        f'download="{name}">Download as a notebook</a> <span class="trainopt-notebook-note">'
+        "every code block of this page, in order; it runs top to bottom in a fresh kernel</span></p>"
+    )
     section.insert(1, nodes.raw("", html, format="html"))
-    section.insert(2, nodes.raw("", install_note(app.env.metadata.get(docname, {}).get("extras")),
-                                format="html"))
+    section.insert(
+        2,
+        nodes.raw("", install_note(app.env.metadata.get(docname, {}).get("extras")), format="html"),
+    )
 
 
 def install_note(extras: object) -> str:
@@ -153,9 +184,11 @@ def install_note(extras: object) -> str:
         extras = [e.strip().strip("'\"") for e in extras.strip("[]").split(",") if e.strip()]
     target = f'".[{",".join(extras)}]"' if extras else "."
     what = "the library with these extras" if extras else "the library alone, no extra"
-    return (f'<p class="trainopt-install">Runs with: <code>python -m pip install {html.escape(target)}</code> '
-            f"in the folder of your clone ({what}; see <em>Use trainopt in your project</em> on the "
-            "landing page).</p>")
+    return (
+        f'<p class="trainopt-install">Runs with: <code>python -m pip install {html.escape(target)}</code> '
+        f"in the folder of your clone ({what}; see <em>Use trainopt in your project</em> on the "
+        "landing page).</p>"
+    )
 
 
 def write_notebooks(app: Sphinx, exception: Exception | None) -> None:

@@ -19,12 +19,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
 from trainopt.validation import check_int
 
 __all__ = [
-    "GPT", "GPT_PRESETS", "MLP", "Block", "CausalSelfAttention", "GPTConfig", "digits_data", "digits_loaders",
+    "GPT",
+    "GPT_PRESETS",
+    "MLP",
+    "Block",
+    "CausalSelfAttention",
+    "GPTConfig",
+    "digits_data",
+    "digits_loaders",
     "digits_pixels",
-    "digits_mlp", "evaluate", "gpt_config", "synthetic_batch",
+    "digits_mlp",
+    "evaluate",
+    "gpt_config",
+    "synthetic_batch",
 ]
 
 # --- Digits: a real classification task, shipped in trainopt.data ---------------------------
@@ -145,7 +156,9 @@ def digits_mlp(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, device: str | torch.device = "cpu") -> tuple[float, float]:
+def evaluate(
+    model: nn.Module, loader: DataLoader, device: str | torch.device = "cpu"
+) -> tuple[float, float]:
     """Mean cross-entropy and accuracy of a classifier over a loader.
 
     Example:
@@ -267,7 +280,9 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, width = x.shape
         q, k, v = self.qkv(x).split(width, dim=2)
-        q, k, v = (t.view(batch, seq, self.n_head, width // self.n_head).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (
+            t.view(batch, seq, self.n_head, width // self.n_head).transpose(1, 2) for t in (q, k, v)
+        )
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
         )
@@ -402,8 +417,11 @@ class GPT(nn.Module):
 
 
 def synthetic_batch(
-    config: GPTConfig, batch_size: int, seq_len: int | None = None,
-    device: str | torch.device = "cpu", generator: torch.Generator | None = None,
+    config: GPTConfig,
+    batch_size: int,
+    seq_len: int | None = None,
+    device: str | torch.device = "cpu",
+    generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Random ``(inputs, targets)`` token batches of shape ``(batch_size, seq_len)``.
 

@@ -13,8 +13,15 @@ from typing import Any
 __all__ = ["check_int", "check_number"]
 
 
-def check_int(name: str, value: Any, low: int = 1, *, none_ok: bool = False, owner: str | None = None,
-              error: type[Exception] = ValueError) -> None:
+def check_int(
+    name: str,
+    value: Any,
+    low: int = 1,
+    *,
+    none_ok: bool = False,
+    owner: str | None = None,
+    error: type[Exception] = ValueError,
+) -> None:
     """Refuse ``value`` unless it is an int (not a bool) of at least ``low`` (or ``None`` if allowed).
 
     Args:
@@ -47,9 +54,17 @@ def check_int(name: str, value: Any, low: int = 1, *, none_ok: bool = False, own
         raise error(f"{where} must be {allowed}, got {name}={value!r}")
 
 
-def check_number(name: str, value: Any, low: float = 0.0, high: float = math.inf, *,
-                 low_open: bool = True, high_open: bool = True, none_ok: bool = False,
-                 owner: str | None = None) -> None:
+def check_number(
+    name: str,
+    value: Any,
+    low: float = 0.0,
+    high: float = math.inf,
+    *,
+    low_open: bool = True,
+    high_open: bool = True,
+    none_ok: bool = False,
+    owner: str | None = None,
+) -> None:
     """Refuse ``value`` unless it is a number (not a bool) between ``low`` and ``high``.
 
     The default range is ``(0, inf)``: a positive finite number. ``low_open`` and ``high_open``
@@ -72,14 +87,19 @@ def check_number(name: str, value: Any, low: float = 0.0, high: float = math.inf
     if none_ok and value is None:
         return
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    inside = number and (low < value if low_open else low <= value) and (
-        value < high if high_open else value <= high)
+    inside = (
+        number
+        and (low < value if low_open else low <= value)
+        and (value < high if high_open else value <= high)
+    )
     if not inside:
         where = f"{owner}.{name}" if owner else name
         if low == 0 and low_open and high == math.inf and high_open:
             allowed = "a positive finite number"
         else:
-            allowed = (f"a number in {'(' if low_open else '['}{low:g}, {high:g}"
-                       f"{')' if high_open else ']'}")
+            allowed = (
+                f"a number in {'(' if low_open else '['}{low:g}, {high:g}"
+                f"{')' if high_open else ']'}"
+            )
         allowed += " or None" if none_ok else ""
         raise ValueError(f"{where} must be {allowed}, got {name}={value!r}")

@@ -17,5 +17,7 @@ if PREBUILT:
     @pytest.fixture(scope="session")
     def built_site() -> Path:
         path = Path(PREBUILT)
-        assert (path / "index.html").is_file(), f"TRAINOPT_BUILT_SITE={PREBUILT} holds no built site"
+        assert (path / "index.html").is_file(), (
+            f"TRAINOPT_BUILT_SITE={PREBUILT} holds no built site"
+        )
         return path

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import code
 import functools
+import http.server
 import importlib
 import inspect
-import http.server
 import json
 import os
 import re
@@ -58,14 +58,27 @@ BUDGETED = ("guides/", "advanced/", "concepts/")
 HEIGHT_BUDGET_PX = 15_000
 MIN_TEXT_PX = 9
 MIN_TEXT_KEY = "trainopt_min_text_px"  # PNG tEXt: smallest text height in px at the natural size
-CHROMIUM = os.environ.get("TRAINOPT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+CHROMIUM = (
+    os.environ.get("TRAINOPT_CHROMIUM")
+    or shutil.which("chromium")
+    or shutil.which("chromium-browser")
+)
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 if not CHROMIUM:
     if in_ci():
-        pytest.fail("CI must run the browser tests: install Debian's chromium (see .ci/run)",
-                    pytrace=False)
+        pytest.fail(
+            "CI must run the browser tests: install Debian's chromium (see .ci/run)", pytrace=False
+        )
     pytest.skip("no Chromium binary found (set TRAINOPT_CHROMIUM)", allow_module_level=True)
 
 playwright_api = require("playwright.sync_api", "test")
@@ -105,10 +118,16 @@ def _open(browser: object, url: str, **context_args: object) -> tuple[object, ob
     context = browser.new_context(permissions=["clipboard-read", "clipboard-write"], **context_args)
     page = context.new_page()
     problems: list[str] = []
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on(
+        "console",
+        lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
+    )
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} {r.failure}"))
-    page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+    page.on(
+        "response",
+        lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None,
+    )
     page.goto(url, wait_until="networkidle")
     return context, page, problems
 
@@ -124,19 +143,42 @@ def test_every_page_loads_without_errors_or_broken_images(survey: dict[str, dict
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("landing, expected", [
-    ("index.html", ["guides/training-optimization/index.html", "advanced/performance/index.html"]),
-    ("guides/training-optimization/index.html", [
-        "guides/training-optimization/learning-rate-scheduling.html",
-        "guides/training-optimization/training-stability.html",
-        "guides/training-optimization/hyperparameter-optimization.html",
-        "guides/training-optimization/use-with-your-trainer.html"]),
-    ("advanced/performance/index.html", [
-        f"advanced/performance/{n}.html" for n in (
-            "memory-optimization", "distributed-training", "profiling", "monitoring",
-            "benchmarking", "mixed-precision", "compilation")]),
-])
-def test_grid_cards_lead_to_their_pages(browser: object, server: str, landing: str, expected: list[str]) -> None:
+@pytest.mark.parametrize(
+    "landing, expected",
+    [
+        (
+            "index.html",
+            ["guides/training-optimization/index.html", "advanced/performance/index.html"],
+        ),
+        (
+            "guides/training-optimization/index.html",
+            [
+                "guides/training-optimization/learning-rate-scheduling.html",
+                "guides/training-optimization/training-stability.html",
+                "guides/training-optimization/hyperparameter-optimization.html",
+                "guides/training-optimization/use-with-your-trainer.html",
+            ],
+        ),
+        (
+            "advanced/performance/index.html",
+            [
+                f"advanced/performance/{n}.html"
+                for n in (
+                    "memory-optimization",
+                    "distributed-training",
+                    "profiling",
+                    "monitoring",
+                    "benchmarking",
+                    "mixed-precision",
+                    "compilation",
+                )
+            ],
+        ),
+    ],
+)
+def test_grid_cards_lead_to_their_pages(
+    browser: object, server: str, landing: str, expected: list[str]
+) -> None:
     context, page, _ = _open(browser, f"{server}/{landing}")
     assert page.locator(".sd-card").count() == len(expected)
     for index, target in enumerate(expected):
@@ -251,24 +293,35 @@ async () => {
 
 
 def _survey(browser: object, server: str, width: int, height: int, copies: bool) -> dict[str, dict]:
-    context = browser.new_context(viewport={"width": width, "height": height},
-                                  permissions=["clipboard-read", "clipboard-write"])
+    context = browser.new_context(
+        viewport={"width": width, "height": height},
+        permissions=["clipboard-read", "clipboard-write"],
+    )
     page = context.new_page()
     # What goes wrong while a page loads: console errors, script errors, failed requests, HTTP errors.
     problems: list[str] = []
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on(
+        "console",
+        lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
+    )
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} {r.failure}"))
-    page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+    page.on(
+        "response",
+        lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None,
+    )
     found = {}
     for name in PAGES:
         problems.clear()
         page.goto(f"{server}/{name}", wait_until="load")
         # Copy buttons come once ClipboardJS has loaded; LAYOUT_JS waits for MathJax and fonts.
-        page.wait_for_function("!document.querySelector('div.highlight pre') || document.querySelector('button.copybtn')")
+        page.wait_for_function(
+            "!document.querySelector('div.highlight pre') || document.querySelector('button.copybtn')"
+        )
         found[name] = page.evaluate(LAYOUT_JS)
         found[name]["broken_images"] = page.evaluate(
-            "Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src)")
+            "Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src)"
+        )
         found[name]["problems"] = list(problems)
         if copies:
             # Dropdowns are measured closed; their copy buttons are clicked open, as a reader does.
@@ -278,7 +331,9 @@ def _survey(browser: object, server: str, width: int, height: int, copies: bool)
             found[name]["figures"] = page.evaluate(LAYOUT_JS)["figures"]
     context.close()
     # Every measurement, for whoever reads a failure (copies left out: they are the pages' code).
-    layout = {name: {k: v for k, v in page.items() if k != "copies"} for name, page in found.items()}
+    layout = {
+        name: {k: v for k, v in page.items() if k != "copies"} for name, page in found.items()
+    }
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / f"layout-{width}px.json").write_text(json.dumps(layout, indent=1) + "\n")
     return found
@@ -323,17 +378,21 @@ def _usage_blocks(name: str, copies: list[dict]) -> tuple[list[dict], str | None
     ```` ```python ```` blocks one to one.
     """
     python = [c for c in copies if "highlight-python" in c["classes"] and not _is_implementation(c)]
-    fenced = [b for b in blocks(DOCS / name.replace(".html", ".md")) if b.info.split()[:1] == ["python"]]
+    fenced = [
+        b for b in blocks(DOCS / name.replace(".html", ".md")) if b.info.split()[:1] == ["python"]
+    ]
     if len(python) != len(fenced):
         return [], f"{name}: {len(python)} python copy buttons for {len(fenced)} ```python blocks"
-    return [{"index": n, "line": block.line, "code": copy["copied"]}
-            for n, (copy, block) in enumerate(zip(python, fenced), start=1)], None
+    return [
+        {"index": n, "line": block.line, "code": copy["copied"]}
+        for n, (copy, block) in enumerate(zip(python, fenced), start=1)
+    ], None
 
 
 # The runner reads JSON on stdin and keeps its own names out of the reader's namespace: a block that
 # forgets an import fails as it would for a reader.
 # Each script alone, in a fresh namespace and a fresh empty directory; every failure is reported.
-RUN_EACH_ALONE = r'''
+RUN_EACH_ALONE = r"""
 def _run():
     import json, os, sys, tempfile, traceback
     scripts = json.load(sys.stdin)
@@ -351,10 +410,12 @@ def _run():
             sys.modules["matplotlib.pyplot"].close("all")
     sys.exit(1 if failed else 0)
 _run()
-'''
+"""
 
 
-def _fresh_python(runner: str, payload: object, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+def _fresh_python(
+    runner: str, payload: object, timeout: int = 900
+) -> subprocess.CompletedProcess[str]:
     """Run ``runner`` in a fresh interpreter started in an empty directory: the package comes from
     ``src/`` (PYTHONPATH, so a worktree tests its own copy), never from the repository root."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRAINOPT_REQUIRE_CUDA")}
@@ -363,8 +424,15 @@ def _fresh_python(runner: str, payload: object, timeout: int = 900) -> subproces
     # Run as text pasted into an interpreter: __main__ has no file, as in the REPL, so examples
     # that start worker processes (spawn) behave as they do for a reader at the prompt.
     with tempfile.TemporaryDirectory(prefix="trainopt-reader-") as empty:
-        return subprocess.run([sys.executable, "-c", runner], input=json.dumps(payload),
-                              capture_output=True, text=True, cwd=empty, env=env, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-c", runner],
+            input=json.dumps(payload),
+            capture_output=True,
+            text=True,
+            cwd=empty,
+            env=env,
+            timeout=timeout,
+        )
 
 
 def _record(artifact: str, key: str, value: object) -> None:
@@ -376,7 +444,9 @@ def _reader_pages() -> list[str]:
     return [name for name in PAGES if not name.startswith("reference/")]
 
 
-def test_copy_buttons_copy_exactly_the_code(survey: dict[str, dict], browser: object, server: str) -> None:
+def test_copy_buttons_copy_exactly_the_code(
+    survey: dict[str, dict], browser: object, server: str
+) -> None:
     checked = 0
     failures = []
     # The survey reads each copy from the page's copy event; check that against the real clipboard
@@ -388,7 +458,10 @@ def test_copy_buttons_copy_exactly_the_code(survey: dict[str, dict], browser: ob
     cell.locator("button.copybtn").click()
     clipboard = page.evaluate("navigator.clipboard.readText()")
     context.close()
-    assert clipboard == survey[lr]["copies"][0]["copied"], (clipboard[:200], survey[lr]["copies"][0]["copied"][:200])
+    assert clipboard == survey[lr]["copies"][0]["copied"], (
+        clipboard[:200],
+        survey[lr]["copies"][0]["copied"][:200],
+    )
     for name, found in survey.items():
         for copy in found["copies"]:
             checked += 1
@@ -396,11 +469,15 @@ def test_copy_buttons_copy_exactly_the_code(survey: dict[str, dict], browser: ob
             # A block may end with a blank line (it ends an indented block in a REPL): compare
             # the code, not the number of newlines after it.
             if (copy["copied"] or "").rstrip("\n") != expected.rstrip("\n"):
-                failures.append(f"{name} block {copy['index']}: copied {copy['copied'][:200]!r}, "
-                                f"expected {expected[:200]!r}")
+                failures.append(
+                    f"{name} block {copy['index']}: copied {copy['copied'][:200]!r}, "
+                    f"expected {expected[:200]!r}"
+                )
             if any(PROMPT.match(line) for line in copy["copied"].split("\n")):
-                failures.append(f"{name} block {copy['index']}: a prompt reached the clipboard: "
-                                f"{copy['copied'][:120]!r}")
+                failures.append(
+                    f"{name} block {copy['index']}: a prompt reached the clipboard: "
+                    f"{copy['copied'][:120]!r}"
+                )
     assert checked > 0
     assert not failures, "\n".join(failures)
 
@@ -417,14 +494,20 @@ def test_copied_usage_blocks_are_the_code_the_notebook_runs(survey: dict[str, di
         usage, problem = _usage_blocks(name, survey[name]["copies"])
         if problem:
             failures.append(problem)
-        fenced = {b.line: b for b in blocks(DOCS / name.replace(".html", ".md")) if b.info.split()[:1] == ["python"]}
+        fenced = {
+            b.line: b
+            for b in blocks(DOCS / name.replace(".html", ".md"))
+            if b.info.split()[:1] == ["python"]
+        }
         for block in usage:
             body = fenced[block["line"]].body
             expected = _expected_copy(body)
             compared += 1
             if block["code"].rstrip("\n") != expected.rstrip("\n"):
-                failures.append(f"{name}, line {block['line']}: copied {block['code'][:160]!r}, "
-                                f"the page's code {expected[:160]!r}")
+                failures.append(
+                    f"{name}, line {block['line']}: copied {block['code'][:160]!r}, "
+                    f"the page's code {expected[:160]!r}"
+                )
     print(f"usage blocks whose copy is the notebook's code: {compared}")
     assert compared > 100
     assert not failures, "\n".join(failures)
@@ -433,14 +516,27 @@ def test_copied_usage_blocks_are_the_code_the_notebook_runs(survey: dict[str, di
 def test_copied_implementations_run_alone_from_an_empty_directory(survey: dict[str, dict]) -> None:
     """Each implementation (folded or not), as copied, alone in a fresh namespace, in a fresh
     interpreter started in an empty directory."""
-    implementations = [(f"{name}, implementation block {c['index']}", c["copied"])
-                       for name in _reader_pages() for c in survey[name]["copies"] if _is_implementation(c)]
+    implementations = [
+        (f"{name}, implementation block {c['index']}", c["copied"])
+        for name in _reader_pages()
+        for c in survey[name]["copies"]
+        if _is_implementation(c)
+    ]
     result = _fresh_python(RUN_EACH_ALONE, implementations)
-    failures = [f"the implementations, each alone, failed in a fresh interpreter in an empty directory:\n"
-                f"{result.stderr[-3000:]}"] if result.returncode != 0 else []
+    failures = (
+        [
+            f"the implementations, each alone, failed in a fresh interpreter in an empty directory:\n"
+            f"{result.stderr[-3000:]}"
+        ]
+        if result.returncode != 0
+        else []
+    )
     _record("copied-blocks-failures.json", "empty_directory", failures)
-    _record("copied-blocks.json", "empty_directory", {"implementation_blocks": len(implementations),
-                                                      "failed_scripts": len(failures)})
+    _record(
+        "copied-blocks.json",
+        "empty_directory",
+        {"implementation_blocks": len(implementations), "failed_scripts": len(failures)},
+    )
     print(f"implementations run alone: {len(implementations)}")
     assert len(implementations) > 10
     assert not failures, "\n\n".join(failures)
@@ -479,15 +575,26 @@ def test_copied_usage_blocks_paste_into_a_plain_repl(survey: dict[str, dict]) ->
                 console.push(line)
                 if console.error:
                     shown = line if number <= len(lines) else "(Enter after the block)"
-                    failures.append(f"{name}, block {block['index']} (line {block['line']} of the page), line "
-                                    f"{number} of the block: {shown!r}\n{console.error}")
+                    failures.append(
+                        f"{name}, block {block['index']} (line {block['line']} of the page), line "
+                        f"{number} of the block: {shown!r}\n{console.error}"
+                    )
                     break
             if console.buffer:
-                failures.append(f"{name}, block {block['index']} (line {block['line']} of the page): the prompt "
-                                f"still waits for more after the block and an Enter")
+                failures.append(
+                    f"{name}, block {block['index']} (line {block['line']} of the page): the prompt "
+                    f"still waits for more after the block and an Enter"
+                )
     _record("copied-blocks-failures.json", "repl", failures)
-    _record("copied-blocks.json", "repl", {"usage_blocks_per_page": counts, "usage_blocks": sum(counts.values()),
-                                           "failed_blocks": len(failures)})
+    _record(
+        "copied-blocks.json",
+        "repl",
+        {
+            "usage_blocks_per_page": counts,
+            "usage_blocks": sum(counts.values()),
+            "failed_blocks": len(failures),
+        },
+    )
     print(f"usage blocks pasted into a REPL: {sum(counts.values())} on {len(counts)} pages")
     assert sum(counts.values()) > 100
     assert not failures, "\n\n".join(failures)
@@ -526,9 +633,15 @@ def test_api_reference_examples_are_the_docstrings_that_run_alone(survey: dict[s
             # the page drops doctest flags (Sphinx's trim_doctest_flags), as the reader sees them
             doc = re.sub(r"\s*#\s*doctest:[^\n]*", "", doc or "")
             if not doc or shown not in " ".join(doc.replace("<BLANKLINE>", "").split()):
-                failures.append(f"{name}: {copy['docstring']}: the example {copy['shown'][:120]!r} is not "
-                                "in its docstring")
-    _record("copied-blocks.json", "api_reference", {"example_blocks": checked, "not_in_docstring": len(failures)})
+                failures.append(
+                    f"{name}: {copy['docstring']}: the example {copy['shown'][:120]!r} is not "
+                    "in its docstring"
+                )
+    _record(
+        "copied-blocks.json",
+        "api_reference",
+        {"example_blocks": checked, "not_in_docstring": len(failures)},
+    )
     print(f"API reference: {checked} example blocks, each in the docstring Sybil runs alone")
     assert checked > 50
     assert not failures, "\n".join(failures)
@@ -537,9 +650,11 @@ def test_api_reference_examples_are_the_docstrings_that_run_alone(survey: dict[s
 def test_pages_fit_the_height_budget(survey: dict[str, dict]) -> None:
     heights = {name: found["height"] for name, found in survey.items()}
     _record("page-heights.json", "1280px_dropdowns_closed", heights)
-    over = [f"{name}: {height} px tall at 1280 px (budget {HEIGHT_BUDGET_PX} px)"
-            for name, height in heights.items()
-            if name.startswith(BUDGETED) and height > HEIGHT_BUDGET_PX]
+    over = [
+        f"{name}: {height} px tall at 1280 px (budget {HEIGHT_BUDGET_PX} px)"
+        for name, height in heights.items()
+        if name.startswith(BUDGETED) and height > HEIGHT_BUDGET_PX
+    ]
     assert not over, "\n".join(over)
 
 
@@ -549,26 +664,35 @@ def test_nothing_is_clipped(request: pytest.FixtureRequest, width: int) -> None:
     failures = []
     for name, page in found.items():
         if page["overflow"] > 1:
-            failures.append(f"{name}: the page scrolls sideways by {page['overflow']} px at {width} px")
+            failures.append(
+                f"{name}: the page scrolls sideways by {page['overflow']} px at {width} px"
+            )
         for m in page["math"]:
             if m["width"] > m["column"] + 1 and not m["scrolls"]:
-                failures.append(f"{name} {m['where']}: display formula {m['index']} ({m['text']!r}) "
-                                f"is {m['width']} px wide in a {m['column']} px column, with no scroll box")
+                failures.append(
+                    f"{name} {m['where']}: display formula {m['index']} ({m['text']!r}) "
+                    f"is {m['width']} px wide in a {m['column']} px column, with no scroll box"
+                )
         for t in page["tables"]:
             if t["width"] > page["article"] + 1 and not t["scrolls"]:
-                failures.append(f"{name} {t['where']}: table {t['index']} ({t['head']!r}) is {t['width']} px "
-                                f"wide in a {page['article']} px article, with no scroll box of its own")
+                failures.append(
+                    f"{name} {t['where']}: table {t['index']} ({t['head']!r}) is {t['width']} px "
+                    f"wide in a {page['article']} px article, with no scroll box of its own"
+                )
         if width == 1280:
             for c in page["code"]:
                 if not c["inDropdown"] and c["scrollWidth"] > c["clientWidth"] + 1:
-                    failures.append(f"{name} {c['where']}: code block {c['index']} ({c['first']!r}) scrolls "
-                                    f"sideways: {c['scrollWidth']} px of code in {c['clientWidth']} px, "
-                                    f"longest line {c['longest']} characters")
+                    failures.append(
+                        f"{name} {c['where']}: code block {c['index']} ({c['first']!r}) scrolls "
+                        f"sideways: {c['scrollWidth']} px of code in {c['clientWidth']} px, "
+                        f"longest line {c['longest']} characters"
+                    )
     assert not failures, f"{len(failures)} clipped at {width} px:\n" + "\n".join(failures)
 
 
-def test_figures_have_captions_open_full_size_and_readable_text(survey: dict[str, dict], server: str,
-                                                                 built_site: Path) -> None:
+def test_figures_have_captions_open_full_size_and_readable_text(
+    survey: dict[str, dict], server: str, built_site: Path
+) -> None:
     from PIL import Image
 
     failures = []
@@ -590,23 +714,31 @@ def test_figures_have_captions_open_full_size_and_readable_text(survey: dict[str
                     kind = response.headers.get("Content-Type")
                 if kind != "image/png" or body != b"\x89PNG\r\n\x1a\n":
                     failures.append(f"{label}: {f['href']} gives {kind}, not a PNG")
-            png = built_site / urllib.parse.unquote(urllib.parse.urlsplit(f["src"]).path).lstrip("/")
+            png = built_site / urllib.parse.unquote(urllib.parse.urlsplit(f["src"]).path).lstrip(
+                "/"
+            )
             smallest = Image.open(png).text.get(MIN_TEXT_KEY)
             if smallest is None:
                 failures.append(f"{label}: {png.name} has no {MIN_TEXT_KEY} text chunk")
                 continue
             shown = float(smallest) * f["displayed"] / f["natural"]
             if shown < MIN_TEXT_PX:
-                failures.append(f"{label}: {png.name}'s smallest text is {float(smallest):.1f} px at "
-                                f"{f['natural']} px wide, shown {f['displayed']:.0f} px wide: "
-                                f"{shown:.1f} px < {MIN_TEXT_PX} px")
+                failures.append(
+                    f"{label}: {png.name}'s smallest text is {float(smallest):.1f} px at "
+                    f"{f['natural']} px wide, shown {f['displayed']:.0f} px wide: "
+                    f"{shown:.1f} px < {MIN_TEXT_PX} px"
+                )
     assert checked > 0
     assert not failures, "\n".join(failures)
 
 
 def test_no_visible_sidebar_is_empty(survey: dict[str, dict]) -> None:
-    empty = [f"{name}: {bar['selector']} is shown at 1280 px with no link"
-             for name, page in survey.items() for bar in page["sidebars"] if bar["links"] == 0]
+    empty = [
+        f"{name}: {bar['selector']} is shown at 1280 px with no link"
+        for name, page in survey.items()
+        for bar in page["sidebars"]
+        if bar["links"] == 0
+    ]
     assert not empty, "\n".join(empty)
 
 
@@ -631,25 +763,35 @@ BROKEN_WORDS_JS = r"""
 """
 
 
-@pytest.mark.parametrize("landing, columns", [
-    ("guides/training-optimization/index.html", 2),
-    ("advanced/performance/index.html", None),
-    ("index.html", None),
-])
-def test_grid_columns_and_no_word_broken_in_a_card(browser: object, server: str, landing: str,
-                                                    columns: int | None) -> None:
+@pytest.mark.parametrize(
+    "landing, columns",
+    [
+        ("guides/training-optimization/index.html", 2),
+        ("advanced/performance/index.html", None),
+        ("index.html", None),
+    ],
+)
+def test_grid_columns_and_no_word_broken_in_a_card(
+    browser: object, server: str, landing: str, columns: int | None
+) -> None:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.goto(f"{server}/{landing}", wait_until="networkidle")
-    lefts = page.eval_on_selector_all(".sd-card", "els => els.map(e => Math.round(e.getBoundingClientRect().left))")
+    lefts = page.eval_on_selector_all(
+        ".sd-card", "els => els.map(e => Math.round(e.getBoundingClientRect().left))"
+    )
     broken = page.evaluate(BROKEN_WORDS_JS)
     context.close()
     failures = []
     if columns is not None and len(set(lefts)) != columns:
-        failures.append(f"{landing}: {len(set(lefts))} columns at 1280 px (card left edges {lefts}), "
-                        f"expected {columns}")
-    failures += [f"{landing}: card {card} breaks {word!r} over {lines} lines at 1280 px"
-                 for card, word, lines in broken]
+        failures.append(
+            f"{landing}: {len(set(lefts))} columns at 1280 px (card left edges {lefts}), "
+            f"expected {columns}"
+        )
+    failures += [
+        f"{landing}: card {card} breaks {word!r} over {lines} lines at 1280 px"
+        for card, word, lines in broken
+    ]
     assert not failures, "\n".join(failures)
 
 
@@ -661,27 +803,39 @@ def test_screenshots_of_the_grids_and_the_lr_page(browser: object, server: str) 
         "grid-training-optimization-1280px.png": ("guides/training-optimization/index.html", True),
         "grid-advanced-performance-1280px.png": ("advanced/performance/index.html", True),
         "learning-rate-scheduling-first-screen-1280px.png": (
-            "guides/training-optimization/learning-rate-scheduling.html", False),
+            "guides/training-optimization/learning-rate-scheduling.html",
+            False,
+        ),
     }
     for file, (name, full) in shots.items():
         page.goto(f"{server}/{name}", wait_until="networkidle")
-        page.evaluate("async () => { if (window.MathJax?.startup?.promise) await MathJax.startup.promise; }")
+        page.evaluate(
+            "async () => { if (window.MathJax?.startup?.promise) await MathJax.startup.promise; }"
+        )
         page.screenshot(path=str(SCREENSHOTS / file), full_page=full)
         assert (SCREENSHOTS / file).stat().st_size > 0
     context.close()
 
 
-@pytest.mark.parametrize("query, page_name", [
-    ("cosine", "guides/training-optimization/learning-rate-scheduling.html"),
-    ("loss scaling", "guides/training-optimization/training-stability.html"),
-])
-def test_search_finds_the_right_page(browser: object, server: str, query: str, page_name: str) -> None:
+@pytest.mark.parametrize(
+    "query, page_name",
+    [
+        ("cosine", "guides/training-optimization/learning-rate-scheduling.html"),
+        ("loss scaling", "guides/training-optimization/training-stability.html"),
+    ],
+)
+def test_search_finds_the_right_page(
+    browser: object, server: str, query: str, page_name: str
+) -> None:
     context, page, problems = _open(browser, f"{server}/search.html?q={query.replace(' ', '+')}")
     # Sphinx adds results one by one, then writes its summary: wait for the summary.
     page.wait_for_function(
         "document.querySelector('#search-results p.search-summary')?.textContent.trim().length > 0",
-        timeout=30_000)
-    hrefs = page.eval_on_selector_all("#search-results ul.search li a", "els => els.map(e => e.href)")
+        timeout=30_000,
+    )
+    hrefs = page.eval_on_selector_all(
+        "#search-results ul.search li a", "els => els.map(e => e.href)"
+    )
     assert any(page_name in href for href in hrefs[:10]), "\n".join(hrefs[:10])
     assert not problems, problems
     context.close()
@@ -689,19 +843,28 @@ def test_search_finds_the_right_page(browser: object, server: str, query: str, p
 
 @pytest.mark.parametrize("theme", ["light", "dark"])
 @pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)])
-def test_landing_pages_render_without_overflow(browser: object, server: str, theme: str,
-                                                width: int, height: int) -> None:
+def test_landing_pages_render_without_overflow(
+    browser: object, server: str, theme: str, width: int, height: int
+) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    for landing in ("index.html", "guides/training-optimization/index.html", "advanced/performance/index.html"):
+    for landing in (
+        "index.html",
+        "guides/training-optimization/index.html",
+        "advanced/performance/index.html",
+    ):
         context = browser.new_context(viewport={"width": width, "height": height})
-        context.add_init_script(f"localStorage.setItem('theme', '{theme}'); localStorage.setItem('mode', '{theme}');")
+        context.add_init_script(
+            f"localStorage.setItem('theme', '{theme}'); localStorage.setItem('mode', '{theme}');"
+        )
         page = context.new_page()
         page.goto(f"{server}/{landing}", wait_until="networkidle")
         assert page.evaluate("document.documentElement.dataset.theme") == theme
         overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 1, f"{landing} overflows by {overflow}px at {width}px ({theme})"
         cards = page.eval_on_selector_all(
-            ".sd-card", "els => els.map(e => { const r = e.getBoundingClientRect(); return [r.left, r.right]; })")
+            ".sd-card",
+            "els => els.map(e => { const r = e.getBoundingClientRect(); return [r.left, r.right]; })",
+        )
         assert cards and all(left >= 0 and right <= width + 1 for left, right in cards), cards
         name = landing.replace("/", "_").replace(".html", "")
         page.screenshot(path=str(SCREENSHOTS / f"{name}-{theme}-{width}px.png"), full_page=True)

@@ -21,14 +21,28 @@ from extras import in_ci, require
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
-CHROMIUM = os.environ.get("TRAINOPT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+CHROMIUM = (
+    os.environ.get("TRAINOPT_CHROMIUM")
+    or shutil.which("chromium")
+    or shutil.which("chromium-browser")
+)
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 STABILITY = "guides/training-optimization/training-stability.html"
 
 if not CHROMIUM:
     if in_ci():
-        pytest.fail("CI must run the browser tests: install Debian's chromium (see .ci/run)", pytrace=False)
+        pytest.fail(
+            "CI must run the browser tests: install Debian's chromium (see .ci/run)", pytrace=False
+        )
     pytest.skip("no Chromium binary found (set TRAINOPT_CHROMIUM)", allow_module_level=True)
 
 playwright_api = require("playwright.sync_api", "test")
@@ -41,8 +55,9 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def server(built_site: Path) -> Iterator[str]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
-                                            functools.partial(_QuietHandler, directory=str(built_site)))
+    httpd = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(built_site))
+    )
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
@@ -78,13 +93,17 @@ TOC_JS = r"""
 
 
 @pytest.mark.parametrize("width", [1280, 1366, 1600])
-def test_the_in_page_contents_are_visible_at_1280_px_and_wider(browser: object, server: str, width: int) -> None:
+def test_the_in_page_contents_are_visible_at_1280_px_and_wider(
+    browser: object, server: str, width: int
+) -> None:
     context, page = _page(browser, f"{server}/{STABILITY}", width=width)
     toc = page.evaluate(TOC_JS)
     if width == 1280:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / "training-stability-first-screen-1280px.png"))
-    overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    overflow = page.evaluate(
+        "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    )
     context.close()
     assert toc and toc["visible"], f"no visible 'On this page' at {width} px: {toc}"
     assert toc["links"] >= 5, toc
@@ -103,33 +122,44 @@ def test_gpu_only_blocks_carry_a_visible_needs_cuda_badge(browser: object, serve
     })""")
     context.close()
     assert badges, "no 'needs CUDA' badge on the memory page"
-    assert all(b["shown"] and b["text"].startswith("needs CUDA") and b["before_code"] for b in badges), badges
+    assert all(
+        b["shown"] and b["text"].startswith("needs CUDA") and b["before_code"] for b in badges
+    ), badges
 
 
-def test_a_package_reference_page_lists_its_exports_with_links(browser: object, server: str) -> None:
+def test_a_package_reference_page_lists_its_exports_with_links(
+    browser: object, server: str
+) -> None:
     import trainopt.stability
 
     context, page = _page(browser, f"{server}/reference/trainopt.stability.html")
     rows = page.eval_on_selector_all(
         "#what-the-package-exports table tbody tr",
         "rows => rows.map(r => ({name: r.cells[0].innerText.trim(), href: r.querySelector('a')?.href || null,"
-        " summary: r.cells[1].innerText.trim()}))")
+        " summary: r.cells[1].innerText.trim()}))",
+    )
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "reference-trainopt-stability-1280px.png"))
     first = next(r for r in rows if r["name"] == "TrainingStabilizer")
     page.goto(first["href"], wait_until="networkidle")
     target = page.evaluate("location.hash")
     landed = page.locator(f"[id='{target[1:]}']").count()
-    sidebar = page.eval_on_selector_all(".bd-sidebar-primary li.toctree-l1 > a", "as => as.map(a => a.innerText.trim())")
+    sidebar = page.eval_on_selector_all(
+        ".bd-sidebar-primary li.toctree-l1 > a", "as => as.map(a => a.innerText.trim())"
+    )
     context.close()
     assert [r["name"] for r in rows] == list(trainopt.stability.__all__)
-    assert all(r["href"] and r["summary"] for r in rows), [r for r in rows if not (r["href"] and r["summary"])]
+    assert all(r["href"] and r["summary"] for r in rows), [
+        r for r in rows if not (r["href"] and r["summary"])
+    ]
     assert target == "#trainopt.stability.stabilizer.TrainingStabilizer" and landed == 1
     assert "Training stability" in sidebar and len(sidebar) < 15, sidebar
 
 
 def test_a_guide_page_offers_its_notebook(browser: object, server: str) -> None:
-    context, page = _page(browser, f"{server}/guides/training-optimization/learning-rate-scheduling.html")
+    context, page = _page(
+        browser, f"{server}/guides/training-optimization/learning-rate-scheduling.html"
+    )
     link = page.locator("p.trainopt-notebook a").first
     href = link.get_attribute("href")
     box = link.bounding_box()

@@ -38,7 +38,10 @@ def _problem(seed: int) -> tuple[list[torch.Tensor], callable]:
     weights = [torch.rand(shape, generator=gen, dtype=torch.float64) * 3 for shape in SHAPES]
 
     def loss_fn(ps: list[torch.Tensor]) -> torch.Tensor:
-        return sum((w * (p - t) ** 2).sum() + 0.1 * torch.cos(3 * p).sum() for p, t, w in zip(ps, targets, weights))
+        return sum(
+            (w * (p - t) ** 2).sum() + 0.1 * torch.cos(3 * p).sum()
+            for p, t, w in zip(ps, targets, weights)
+        )
 
     return params, loss_fn
 
@@ -103,7 +106,9 @@ def test_sgd_matches_torch_over_100_steps(hyper: dict, seed: int) -> None:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_rmsprop_matches_torch_over_100_steps(hyper: dict, seed: int) -> None:
     def init(p: torch.Tensor) -> RMSPropState:
-        return RMSPropState.zeros_like(p, centered=hyper.get("centered", False), momentum=hyper.get("momentum", 0.0))
+        return RMSPropState.zeros_like(
+            p, centered=hyper.get("centered", False), momentum=hyper.get("momentum", 0.0)
+        )
 
     ours = _run_reference(rmsprop_update, init, hyper, seed)
     _assert_close(ours, _run_torch(torch.optim.RMSprop, hyper, seed), seed)
@@ -111,7 +116,11 @@ def test_rmsprop_matches_torch_over_100_steps(hyper: dict, seed: int) -> None:
 
 @pytest.mark.parametrize(
     "hyper",
-    [dict(lr=0.01), dict(lr=0.05, betas=(0.8, 0.99), eps=1e-6), dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1)],
+    [
+        dict(lr=0.01),
+        dict(lr=0.05, betas=(0.8, 0.99), eps=1e-6),
+        dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1),
+    ],
 )
 @pytest.mark.parametrize("seed", [0, 1])
 def test_adam_matches_torch_over_100_steps(hyper: dict, seed: int) -> None:
@@ -121,7 +130,11 @@ def test_adam_matches_torch_over_100_steps(hyper: dict, seed: int) -> None:
 
 @pytest.mark.parametrize(
     "hyper",
-    [dict(lr=0.01), dict(lr=0.02, betas=(0.9, 0.95), weight_decay=0.1), dict(lr=0.005, eps=1e-5, weight_decay=1.0)],
+    [
+        dict(lr=0.01),
+        dict(lr=0.02, betas=(0.9, 0.95), weight_decay=0.1),
+        dict(lr=0.005, eps=1e-5, weight_decay=1.0),
+    ],
 )
 @pytest.mark.parametrize("seed", [0, 1])
 def test_adamw_matches_torch_over_100_steps(hyper: dict, seed: int) -> None:
@@ -131,11 +144,18 @@ def test_adamw_matches_torch_over_100_steps(hyper: dict, seed: int) -> None:
 
 
 def test_adam_bias_correction_changes_the_first_step_by_the_predicted_factor() -> None:
-    param, grad = torch.zeros(3, dtype=torch.float64), torch.tensor([0.5, -2.0, 4.0], dtype=torch.float64)
+    param, grad = (
+        torch.zeros(3, dtype=torch.float64),
+        torch.tensor([0.5, -2.0, 4.0], dtype=torch.float64),
+    )
     corrected, _ = adam_update(param, grad, AdamState.zeros_like(param), lr=1e-3, eps=0.0)
-    uncorrected, _ = adam_update(param, grad, AdamState.zeros_like(param), lr=1e-3, eps=0.0, bias_correction=False)
+    uncorrected, _ = adam_update(
+        param, grad, AdamState.zeros_like(param), lr=1e-3, eps=0.0, bias_correction=False
+    )
     torch.testing.assert_close(corrected, -1e-3 * grad.sign())
-    torch.testing.assert_close(uncorrected / corrected, torch.full_like(param, adam_step_size_factor(1)))
+    torch.testing.assert_close(
+        uncorrected / corrected, torch.full_like(param, adam_step_size_factor(1))
+    )
 
 
 def test_l2_in_adam_differs_from_adamw_decoupled_decay() -> None:
@@ -166,7 +186,10 @@ def test_clip_by_global_norm_matches_clip_grad_norm_(max_norm: float, seed: int)
 @settings(max_examples=50, deadline=None)
 @given(scale=st.floats(1e-6, 1e6), max_norm=st.floats(1e-3, 1e3))
 def test_clipping_never_grows_a_gradient_and_caps_the_norm(scale: float, max_norm: float) -> None:
-    grads = [torch.tensor([1.0, -2.0], dtype=torch.float64) * scale, torch.tensor([0.5], dtype=torch.float64) * scale]
+    grads = [
+        torch.tensor([1.0, -2.0], dtype=torch.float64) * scale,
+        torch.tensor([0.5], dtype=torch.float64) * scale,
+    ]
     clipped, norm = clip_by_global_norm(grads, max_norm)
     new_norm = torch.linalg.vector_norm(torch.cat(clipped))
     assert new_norm <= norm * (1 + 1e-12)
@@ -209,7 +232,9 @@ def test_next_loss_scale_follows_gradscaler_update() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(warmup=st.integers(0, 50), extra=st.integers(1, 500), step=st.integers(0, 1000))
-def test_warmup_cosine_stays_between_min_and_max_and_holds_min_past_the_end(warmup: int, extra: int, step: int) -> None:
+def test_warmup_cosine_stays_between_min_and_max_and_holds_min_past_the_end(
+    warmup: int, extra: int, step: int
+) -> None:
     total = warmup + extra
     lr = warmup_cosine_lr(step, max_lr=1.0, warmup_steps=warmup, total_steps=total, min_lr=0.1)
     if step < warmup:
@@ -221,7 +246,10 @@ def test_warmup_cosine_stays_between_min_and_max_and_holds_min_past_the_end(warm
 
 
 def test_warmup_cosine_is_monotone_after_warmup() -> None:
-    lrs = [warmup_cosine_lr(t, max_lr=3e-4, warmup_steps=10, total_steps=100, min_lr=3e-5) for t in range(10, 200)]
+    lrs = [
+        warmup_cosine_lr(t, max_lr=3e-4, warmup_steps=10, total_steps=100, min_lr=3e-5)
+        for t in range(10, 200)
+    ]
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))
     assert lrs[0] == 3e-4 and lrs[-1] == pytest.approx(3e-5)
 

@@ -9,7 +9,9 @@ from trainopt_site.concepts.demos import bias_correction_figure, warmup_figure
 
 
 def test_training_is_reproducible_for_a_seed() -> None:
-    assert train_digits_adam(lr=1e-3, steps=10, seed=3) == train_digits_adam(lr=1e-3, steps=10, seed=3)
+    assert train_digits_adam(lr=1e-3, steps=10, seed=3) == train_digits_adam(
+        lr=1e-3, steps=10, seed=3
+    )
 
 
 def test_warmup_removes_adams_early_loss_spike_for_two_seeds() -> None:

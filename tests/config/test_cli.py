@@ -16,7 +16,9 @@ WORKSHOP = Path(__file__).resolve().parents[2] / "docs" / "_lib" / "trainopt_sit
 
 
 def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
 def _assert_one_line_error(result: subprocess.CompletedProcess[str], field: str) -> None:
@@ -26,12 +28,15 @@ def _assert_one_line_error(result: subprocess.CompletedProcess[str], field: str)
     assert lines[0].startswith(f"error: {field}: "), lines[0]
 
 
-@pytest.mark.parametrize(("argv", "field"), [
-    (["--steps", "ten"], "--steps"),
-    (["--steps", "-3"], "--steps"),
-    ([], "--out"),
-    (["--out", "x", "--bogus"], "--bogus"),
-])
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["--steps", "ten"], "--steps"),
+        (["--steps", "-3"], "--steps"),
+        ([], "--out"),
+        (["--out", "x", "--bogus"], "--bogus"),
+    ],
+)
 def test_parser_errors_name_the_argument(argv: list[str], field: str) -> None:
     from trainopt.config.cli import positive_int
 
@@ -50,13 +55,25 @@ def test_help_still_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     assert info.value.code == 0 and "usage: demo" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("error", "line"), [
-    (ConfigError("study.sampler", "must be one of ['tpe'], got 'x'"), "error: study.sampler: must be one of ['tpe'], got 'x'"),
-    (UsageError("--out", "give a file"), "error: --out: give a file"),
-    (FileNotFoundError(2, "No such file or directory", "tune.yaml"), "error: tune.yaml: no such file"),
-    (IsADirectoryError(21, "Is a directory", "runs"), "error: runs: is a folder, not a file"),
-    (PermissionError(13, "Permission denied", "/root/x"), "error: /root/x: cannot be read or written (permission denied)"),
-])
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        (
+            ConfigError("study.sampler", "must be one of ['tpe'], got 'x'"),
+            "error: study.sampler: must be one of ['tpe'], got 'x'",
+        ),
+        (UsageError("--out", "give a file"), "error: --out: give a file"),
+        (
+            FileNotFoundError(2, "No such file or directory", "tune.yaml"),
+            "error: tune.yaml: no such file",
+        ),
+        (IsADirectoryError(21, "Is a directory", "runs"), "error: runs: is a folder, not a file"),
+        (
+            PermissionError(13, "Permission denied", "/root/x"),
+            "error: /root/x: cannot be read or written (permission denied)",
+        ),
+    ],
+)
 def test_error_line(error: Exception, line: str) -> None:
     assert error_line(error) == line
 
@@ -69,16 +86,19 @@ def test_a_bug_keeps_its_traceback() -> None:
         run_command(main, [])
 
 
-@pytest.mark.parametrize(("args", "field"), [
-    (["-m", "trainopt.data", "no-such.yaml"], "name"),
-    (["-m", "trainopt.data", "a", "b"], "b"),
-    (["-m", "trainopt_site.stability.faults"], "--out"),
-    (["-m", "trainopt_site.stability.faults", "--out", "x.json", "--steps", "0"], "--steps"),
-    (["-m", "trainopt_site.diagnostics.runs", "--out", "runs", "--faults", "nope"], "--faults"),
-    (["-m", "trainopt_site.diagnostics.runs", "--out", "runs", "--steps", "x"], "--steps"),
-    (["-m", "trainopt_site.perf.distributed"], "--out/--equivalence"),
-    (["-m", "trainopt_site.perf.distributed", "--out", "x.json", "--nprocs", "0"], "--nprocs"),
-])
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["-m", "trainopt.data", "no-such.yaml"], "name"),
+        (["-m", "trainopt.data", "a", "b"], "b"),
+        (["-m", "trainopt_site.stability.faults"], "--out"),
+        (["-m", "trainopt_site.stability.faults", "--out", "x.json", "--steps", "0"], "--steps"),
+        (["-m", "trainopt_site.diagnostics.runs", "--out", "runs", "--faults", "nope"], "--faults"),
+        (["-m", "trainopt_site.diagnostics.runs", "--out", "runs", "--steps", "x"], "--steps"),
+        (["-m", "trainopt_site.perf.distributed"], "--out/--equivalence"),
+        (["-m", "trainopt_site.perf.distributed", "--out", "x.json", "--nprocs", "0"], "--nprocs"),
+    ],
+)
 def test_commands_report_a_mistake_in_one_line(args: list[str], field: str, tmp_path: Path) -> None:
     _assert_one_line_error(_run(*args, cwd=tmp_path), field)
 
@@ -90,9 +110,17 @@ def test_data_command_prints_a_shipped_file(tmp_path: Path) -> None:
 
 def test_every_command_runs_through_run_command() -> None:
     """Each ``__main__`` block and ``__main__.py`` of the package goes through ``run_command``."""
-    entry_points = [p for root in (SRC, WORKSHOP) for p in root.rglob("*.py")
-                    if p.name == "__main__.py" or 'if __name__ == "__main__":' in p.read_text()]
+    entry_points = [
+        p
+        for root in (SRC, WORKSHOP)
+        for p in root.rglob("*.py")
+        if p.name == "__main__.py" or 'if __name__ == "__main__":' in p.read_text()
+    ]
     assert len(entry_points) >= 6
-    missing = [str(p.relative_to(SRC.parents[1])) for p in entry_points
-               if "run_command(" not in p.read_text() and "trainopt.config.cli import main" not in p.read_text()]
+    missing = [
+        str(p.relative_to(SRC.parents[1]))
+        for p in entry_points
+        if "run_command(" not in p.read_text()
+        and "trainopt.config.cli import main" not in p.read_text()
+    ]
     assert not missing, f"commands that do not report mistakes through run_command: {missing}"

@@ -45,8 +45,10 @@ def _commands() -> dict[str, tuple[object, argparse.ArgumentParser]]:
 
     cli.ArgumentParser.parse_args = grab
     try:
-        for info in [*pkgutil.walk_packages(trainopt.__path__, prefix="trainopt."),
-                     *pkgutil.walk_packages(trainopt_site.__path__, prefix="trainopt_site.")]:
+        for info in [
+            *pkgutil.walk_packages(trainopt.__path__, prefix="trainopt."),
+            *pkgutil.walk_packages(trainopt_site.__path__, prefix="trainopt_site."),
+        ]:
             if info.name.endswith(".__main__") and info.name != "trainopt.data.__main__":
                 continue  # the others only call the main of a module found here
             module = importlib.import_module(info.name)
@@ -65,7 +67,9 @@ def _commands() -> dict[str, tuple[object, argparse.ArgumentParser]]:
 COMMANDS = _commands()
 
 
-def _options(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], argparse.Action]]:
+def _options(
+    parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], argparse.Action]]:
     """``(sub-command path, action)`` of every option and positional, sub-commands included."""
     found = []
     for action in parser._actions:
@@ -79,11 +83,23 @@ def _options(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> l
     return found
 
 
-CASES = [(module, prefix, action) for module, (_, parser) in COMMANDS.items()
-         for prefix, action in _options(parser)]
+CASES = [
+    (module, prefix, action)
+    for module, (_, parser) in COMMANDS.items()
+    for prefix, action in _options(parser)
+]
 
-NUMERIC_TYPES = {"int", "float", "positive_int", "non_negative_int", "at_least_two", "positive_float",
-                 "fraction", "peak_tflops", "positive_seconds"}
+NUMERIC_TYPES = {
+    "int",
+    "float",
+    "positive_int",
+    "non_negative_int",
+    "at_least_two",
+    "positive_float",
+    "fraction",
+    "peak_tflops",
+    "positive_seconds",
+}
 
 # Options that take any value: nothing to refuse.
 ANY_VALUE = {"--note": "free text, recorded with the results as given"}
@@ -93,11 +109,18 @@ GOOD_POSITIONALS = {
     ("trainopt.hpo.cli", "config"): lambda tmp: str(ROOT / "src/trainopt/data/hpo_digits.yaml"),
     ("trainopt.perf.bench.cli", "baseline"): lambda tmp: str(ROOT / "docs/_data/bench_cpu.json"),
     ("trainopt.perf.bench.cli", "candidate"): lambda tmp: str(ROOT / "docs/_data/bench_cpu.json"),
-    ("trainopt.diagnostics.cli", "path"): lambda tmp: str(ROOT / "src/trainopt/data/runs/healthy.jsonl"),
+    ("trainopt.diagnostics.cli", "path"): lambda tmp: str(
+        ROOT / "src/trainopt/data/runs/healthy.jsonl"
+    ),
 }
 
-BAD_POSITIONALS = {"config": "missing.yaml", "baseline": "missing.json", "candidate": "missing.json",
-                   "name": "no-such-file.yaml", "path": "missing.jsonl"}
+BAD_POSITIONALS = {
+    "config": "missing.yaml",
+    "baseline": "missing.json",
+    "candidate": "missing.json",
+    "name": "no-such-file.yaml",
+    "path": "missing.jsonl",
+}
 
 
 def _name(action: argparse.Action) -> str:
@@ -144,7 +167,9 @@ def _bad(action: argparse.Action, blocker: Path) -> list[str]:
     elif flag is None:
         value = BAD_POSITIONALS[action.dest]
     else:
-        raise AssertionError(f"no bad value known for {flag}: add one here, or to ANY_VALUE with a reason")
+        raise AssertionError(
+            f"no bad value known for {flag}: add one here, or to ANY_VALUE with a reason"
+        )
     return ([flag] if flag else []) + [value]
 
 
@@ -156,16 +181,26 @@ def _run(main: object, argv: list[str]) -> tuple[int, str, str]:
 
 
 def test_every_command_is_found() -> None:
-    assert {"trainopt.data.__main__", "trainopt.hpo.cli", "trainopt_site.diagnostics.runs",
-            "trainopt.stability.recipe", "trainopt.perf.bench.cli",
-            "trainopt_site.perf.distributed.cli"} <= set(COMMANDS)
+    assert {
+        "trainopt.data.__main__",
+        "trainopt.hpo.cli",
+        "trainopt_site.diagnostics.runs",
+        "trainopt.stability.recipe",
+        "trainopt.perf.bench.cli",
+        "trainopt_site.perf.distributed.cli",
+    } <= set(COMMANDS)
 
 
-@pytest.mark.parametrize("module, prefix, action", CASES,
-                         ids=[f"{m}:{' '.join(p + (_name(a),))}" for m, p, a in CASES])
-def test_a_bad_value_of_each_option_is_one_line_and_status_2(module: str, prefix: tuple[str, ...],
-                                                             action: argparse.Action, tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "module, prefix, action", CASES, ids=[f"{m}:{' '.join(p + (_name(a),))}" for m, p, a in CASES]
+)
+def test_a_bad_value_of_each_option_is_one_line_and_status_2(
+    module: str,
+    prefix: tuple[str, ...],
+    action: argparse.Action,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     name = _name(action)
     if name in ANY_VALUE:
         pytest.skip(f"{name}: {ANY_VALUE[name]}")
@@ -175,15 +210,26 @@ def test_a_bad_value_of_each_option_is_one_line_and_status_2(module: str, prefix
     main, parser = COMMANDS[module]
     sub = parser
     for part in prefix:
-        sub = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)).choices[part]
+        sub = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)).choices[
+            part
+        ]
     argv = list(prefix)
     for other in sub._actions:
-        if other is not action and other.required and not isinstance(other, argparse._SubParsersAction):
+        if (
+            other is not action
+            and other.required
+            and not isinstance(other, argparse._SubParsersAction)
+        ):
             argv += _good(module, other, tmp_path)
     argv += _bad(action, blocker)
     status, out, err = _run(main, argv)
     lines = err.splitlines()
-    assert status == 2 and len(lines) == 1 and lines[0].startswith("error: "), (argv, status, err, out[-500:])
+    assert status == 2 and len(lines) == 1 and lines[0].startswith("error: "), (
+        argv,
+        status,
+        err,
+        out[-500:],
+    )
     assert not out, f"work started before the mistake was found: {out[-500:]}"
 
 
@@ -196,8 +242,11 @@ def test_help_is_plain_text_and_every_option_has_help(module: str) -> None:
         text = p.format_help()
         if "``" in text or re.search(r":[a-z]+:`", text):
             problems.append(f"{module} {label}: reST markup in --help: {text[:300]!r}")
-        problems += [f"{module} {label}: {_name(a)} has no help" for a in p._actions
-                     if not a.help and not isinstance(a, argparse._SubParsersAction)]
+        problems += [
+            f"{module} {label}: {_name(a)} has no help"
+            for a in p._actions
+            if not a.help and not isinstance(a, argparse._SubParsersAction)
+        ]
     assert not problems, "\n".join(problems)
 
 
@@ -213,9 +262,26 @@ def _subparsers(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -
 
 # The five tracebacks of issue 23, as a reader types them: each is one line, status 2.
 ISSUE_23 = [
-    ["-m", "trainopt.stability.recipe", "--checkpoint-dir", "ckpt", "--steps", "5", "--out", "a-file/w.pt"],
+    [
+        "-m",
+        "trainopt.stability.recipe",
+        "--checkpoint-dir",
+        "ckpt",
+        "--steps",
+        "5",
+        "--out",
+        "a-file/w.pt",
+    ],
     ["-m", "trainopt_site.diagnostics.runs", "--out", "a-file"],
-    ["-m", "trainopt.hpo", str(ROOT / "src/trainopt/data/hpo_digits.yaml"), "--n-trials", "1", "--device", "tpu"],
+    [
+        "-m",
+        "trainopt.hpo",
+        str(ROOT / "src/trainopt/data/hpo_digits.yaml"),
+        "--n-trials",
+        "1",
+        "--device",
+        "tpu",
+    ],
     ["-m", "trainopt_site.diagnostics.runs", "--out", "runs", "--device", "tpu"],
 ]
 
@@ -223,21 +289,29 @@ ISSUE_23 = [
 @pytest.mark.parametrize("argv", ISSUE_23, ids=lambda argv: " ".join(argv[1:3] + argv[-2:]))
 def test_the_commands_of_issue_23_print_one_line(argv: list[str], tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("in the way\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "docs" / "_lib")])}
-    result = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=tmp_path, env=env,
-                            timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "docs" / "_lib")]),
+    }
+    result = subprocess.run(
+        [sys.executable, *argv], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120
+    )
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"], "something was written"
 
 
-def test_hpo_device_cuda_without_cuda_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hpo_device_cuda_without_cuda_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: --device cuda is valid here")
     main, _ = COMMANDS["trainopt.hpo.cli"]
     monkeypatch.chdir(tmp_path)
-    status, out, err = _run(main, [str(ROOT / "src/trainopt/data/hpo_digits.yaml"), "--n-trials", "1",
-                                   "--device", "cuda"])
+    status, out, err = _run(
+        main,
+        [str(ROOT / "src/trainopt/data/hpo_digits.yaml"), "--n-trials", "1", "--device", "cuda"],
+    )
     assert status == 2 and err.startswith("error: --device: ") and err.count("\n") == 1, err

@@ -12,8 +12,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainopt.data import path
 from trainopt.config.training import ConfigError, build_optimizer, load_config, validate_config
+from trainopt.data import path
 from trainopt.models import digits_loaders, digits_mlp
 from trainopt.schedules.registry import (
     PolynomialDecaySchedule,
@@ -26,7 +26,12 @@ DATA = path(".")
 GOOD = {
     "training": {
         "optimizer": {"type": "adamw", "lr": 1e-3, "weight_decay": 0.01},
-        "scheduler": {"type": "cosine_annealing", "warmup_steps": 10, "total_steps": 100, "min_lr": 1e-5},
+        "scheduler": {
+            "type": "cosine_annealing",
+            "warmup_steps": 10,
+            "total_steps": 100,
+            "min_lr": 1e-5,
+        },
     }
 }
 
@@ -98,9 +103,12 @@ def test_min_lr_written_without_a_dot_is_converted(tmp_path):
         assert load_config(write(tmp_path, text)).scheduler.params["min_lr"] == 1e-5
 
 
-@pytest.mark.parametrize(("written", "spelling"), [("1e-4", "1.0e-4"), ("1.0e5", "1.0e+5"), ("3E-4", "3.0e-4")])
+@pytest.mark.parametrize(
+    ("written", "spelling"), [("1e-4", "1.0e-4"), ("1.0e5", "1.0e+5"), ("3E-4", "3.0e-4")]
+)
 def test_a_float_yaml_reads_as_a_string_is_converted_with_a_message_naming_the_field_and_the_fix(
-        tmp_path, written, spelling):
+    tmp_path, written, spelling
+):
     """A dot is not enough: PyYAML reads 1.0e5 as a string too; the message says 1.0e+5."""
     text = yaml.safe_dump(GOOD).replace("0.001", written)
     assert yaml.safe_load(text)["training"]["optimizer"]["lr"] == written  # a string, not a float
@@ -108,7 +116,9 @@ def test_a_float_yaml_reads_as_a_string_is_converted_with_a_message_naming_the_f
         config = load_config(write(tmp_path, text))
     assert config.optimizer.lr == float(written)
     (message,) = [str(w.message) for w in caught]
-    assert message.startswith(f"training.optimizer.lr: YAML read {written} as the string {written!r}")
+    assert message.startswith(
+        f"training.optimizer.lr: YAML read {written} as the string {written!r}"
+    )
     assert "signed exponent" in message and message.endswith(f"write {spelling}")
     assert yaml.safe_load(f"lr: {spelling}")["lr"] == float(written)  # the fix is what YAML reads
 
@@ -129,15 +139,27 @@ def test_a_float_written_as_yaml_reads_it_loads_without_a_message(tmp_path):
         ("training.scheduler.warmup_steps", 10.5, r"integer >= 0"),
         ("training.scheduler.total_steps", 1.0e5, r"plain integer such as 100000"),
         ("training.scheduler.total_steps", "1e5", r"plain integer such as 100000"),
-        ("training.scheduler.warmup_steps", 500, r"warm-up \(500 steps\) must be shorter than the run"),
+        (
+            "training.scheduler.warmup_steps",
+            500,
+            r"warm-up \(500 steps\) must be shorter than the run",
+        ),
         ("training.scheduler.min_lr", 0.01, r"must not exceed the optimizer lr"),
         ("training.scheduler.min_lr", "a lot", r"must be a number"),
         ("training.optimizer.lr", -1.0, r"must be a number in \[0.0"),
         ("training.optimizer.lr", True, r"must be a number"),
         ("training.scheduler.total_steps", ..., r"missing required field"),
         ("training.optimizer.lr", ..., r"missing required field"),
-        ("training.scheduler.max_lr", 1.0, r"unknown field; allowed fields: \['min_lr', 'total_steps', 'type', 'warmup_steps'\]"),
-        ("training.optimizer.momentum", 0.9, r"unknown field; allowed fields: \['betas', 'eps', 'lr', 'weight_decay'\]"),
+        (
+            "training.scheduler.max_lr",
+            1.0,
+            r"unknown field; allowed fields: \['min_lr', 'total_steps', 'type', 'warmup_steps'\]",
+        ),
+        (
+            "training.optimizer.momentum",
+            0.9,
+            r"unknown field; allowed fields: \['betas', 'eps', 'lr', 'weight_decay'\]",
+        ),
         ("training.optimizer.betas", [0.9], r"list of two numbers"),
     ],
 )
@@ -149,9 +171,13 @@ def test_invalid_field_raises_config_error_naming_the_dotted_field(path, value, 
 
 
 def test_scheduler_argument_checks_surface_with_the_field_name():
-    data = with_field("training.scheduler", {"type": "wsd", "total_steps": 100, "warmup_steps": 10,
-                                             "decay_steps": 20, "decay": "exp"})
-    with pytest.raises(ConfigError, match=r"decay must be one of \('linear', 'cosine', '1-sqrt'\)") as info:
+    data = with_field(
+        "training.scheduler",
+        {"type": "wsd", "total_steps": 100, "warmup_steps": 10, "decay_steps": 20, "decay": "exp"},
+    )
+    with pytest.raises(
+        ConfigError, match=r"decay must be one of \('linear', 'cosine', '1-sqrt'\)"
+    ) as info:
         validate_config(data)
     assert info.value.field == "training.scheduler.decay"
 
@@ -185,11 +211,26 @@ def test_every_yaml_file_under_docs_data_for_schedulers_validates():
         load_config(path)
 
 
-@pytest.mark.parametrize(("path", "value", "message"), [
-    ("training.optimizer.betas", [0.9, 1.0], r"training.optimizer.betas\[1\]: must be a number in \[0, 1\), got 1.0"),
-    ("training.optimizer.betas", [-0.1, 0.99], r"training.optimizer.betas\[0\]: must be a number in \[0, 1\)"),
-    ("training.optimizer.betas", ["0.9", "nan"], r"training.optimizer.betas\[1\]: must be a number in \[0, 1\)"),
-])
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (
+            "training.optimizer.betas",
+            [0.9, 1.0],
+            r"training.optimizer.betas\[1\]: must be a number in \[0, 1\), got 1.0",
+        ),
+        (
+            "training.optimizer.betas",
+            [-0.1, 0.99],
+            r"training.optimizer.betas\[0\]: must be a number in \[0, 1\)",
+        ),
+        (
+            "training.optimizer.betas",
+            ["0.9", "nan"],
+            r"training.optimizer.betas\[1\]: must be a number in \[0, 1\)",
+        ),
+    ],
+)
 def test_betas_outside_zero_to_one_are_a_config_error(path, value, message):
     with pytest.raises(ConfigError, match=message):
         validate_config(with_field(path, value))
@@ -197,31 +238,56 @@ def test_betas_outside_zero_to_one_are_a_config_error(path, value, message):
 
 def test_nesterov_without_momentum_is_a_config_error_naming_nesterov():
     sgd = {"type": "sgd", "lr": 0.1, "nesterov": True}
-    with pytest.raises(ConfigError, match=r"^training.optimizer.nesterov: needs a momentum above 0"):
+    with pytest.raises(
+        ConfigError, match=r"^training.optimizer.nesterov: needs a momentum above 0"
+    ):
         validate_config(with_field("training.optimizer", sgd))
 
 
 def test_a_hand_made_config_that_torch_refuses_is_a_config_error_not_torchs_value_error():
     from trainopt.config.training import OptimizerConfig
 
-    with pytest.raises(ConfigError, match=r"^training.optimizer: torch.optim.Adam refuses it: Invalid beta"):
-        build_optimizer(torch.nn.Linear(2, 1).parameters(), OptimizerConfig("adam", 1e-3, {"betas": (0.9, 1.0)}))
+    with pytest.raises(
+        ConfigError, match=r"^training.optimizer: torch.optim.Adam refuses it: Invalid beta"
+    ):
+        build_optimizer(
+            torch.nn.Linear(2, 1).parameters(), OptimizerConfig("adam", 1e-3, {"betas": (0.9, 1.0)})
+        )
 
 
-_NUMBERS = st.sampled_from([0, 0.0, 0.5, 0.9, 0.999, 1, 1.0, 1.5, -0.1, 1e-8, "1e-3", "nan", True, None])
+_NUMBERS = st.sampled_from(
+    [0, 0.0, 0.5, 0.9, 0.999, 1, 1.0, 1.5, -0.1, 1e-8, "1e-3", "nan", True, None]
+)
 
 
 @settings(max_examples=300, deadline=None)
-@given(kind=st.sampled_from(["sgd", "adam", "adamw"]), lr=_NUMBERS, weight_decay=_NUMBERS, momentum=_NUMBERS,
-       nesterov=st.sampled_from([True, False, None]), eps=_NUMBERS, betas=st.tuples(_NUMBERS, _NUMBERS))
-def test_a_validated_config_always_builds_its_optimizer(kind, lr, weight_decay, momentum, nesterov, eps, betas):
+@given(
+    kind=st.sampled_from(["sgd", "adam", "adamw"]),
+    lr=_NUMBERS,
+    weight_decay=_NUMBERS,
+    momentum=_NUMBERS,
+    nesterov=st.sampled_from([True, False, None]),
+    eps=_NUMBERS,
+    betas=st.tuples(_NUMBERS, _NUMBERS),
+)
+def test_a_validated_config_always_builds_its_optimizer(
+    kind, lr, weight_decay, momentum, nesterov, eps, betas
+):
     """Whatever a config holds, either validation names a field or torch builds the optimizer."""
-    fields = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": nesterov,
-              "eps": eps, "betas": list(betas)}
+    fields = {
+        "lr": lr,
+        "weight_decay": weight_decay,
+        "momentum": momentum,
+        "nesterov": nesterov,
+        "eps": eps,
+        "betas": list(betas),
+    }
     from trainopt.config.training import OPTIMIZER_SETTINGS
 
-    section = {"type": kind, **{k: v for k, v in fields.items()
-                                if k in OPTIMIZER_SETTINGS[kind] and v is not None}}
+    section = {
+        "type": kind,
+        **{k: v for k, v in fields.items() if k in OPTIMIZER_SETTINGS[kind] and v is not None},
+    }
     try:
         config = validate_config(with_field("training.optimizer", section))
     except ConfigError:

@@ -25,8 +25,10 @@ SHAPES = ("plateau", "slow_convergence", "diverging", "oscillating")
 # Pairs that diagnose never names together, by construction: a diverging run's tail is not judged
 # for oscillation or progress (it climbs), and a run without progress is either flat or falling.
 EXCLUSIVE = {
-    frozenset({"diverging", "oscillating"}), frozenset({"diverging", "plateau"}),
-    frozenset({"diverging", "slow_convergence"}), frozenset({"plateau", "slow_convergence"}),
+    frozenset({"diverging", "oscillating"}),
+    frozenset({"diverging", "plateau"}),
+    frozenset({"diverging", "slow_convergence"}),
+    frozenset({"plateau", "slow_convergence"}),
 }
 PAIRS = [(a, b) for a, b in combinations(SYMPTOMS, 2) if frozenset({a, b}) not in EXCLUSIVE]
 
@@ -54,8 +56,14 @@ def scenario(*symptoms: str, seed: int = 0) -> list[dict]:
     records = []
     for t in range(N):
         loss = _loss(base, t, rng) + (_swing(t) if "oscillating" in symptoms else 0.0)
-        records.append({"step": t, "loss": loss, "grad_norm": 5.0 * math.exp(-t / 60) + 0.05 * rng.random() + 0.05,
-                        "step_time": 0.1 + 0.005 * rng.random()})
+        records.append(
+            {
+                "step": t,
+                "loss": loss,
+                "grad_norm": 5.0 * math.exp(-t / 60) + 0.05 * rng.random() + 0.05,
+                "step_time": 0.1 + 0.005 * rng.random(),
+            }
+        )
     if "loss_explosion" in symptoms:  # an early blow-up the run comes back from
         for t, value in zip(range(3, 9), (6.0, 80.0, 900.0, 300.0, 40.0, 8.0)):
             records[t]["loss"] = value
@@ -84,15 +92,27 @@ def _check_root_cause_first(findings) -> None:
     """The invariants every diagnosis holds (see causes.root_cause_first)."""
     blow_ups = sorted((f for f in findings if f.symptom in BLOW_UPS), key=lambda f: f.step)
     if not blow_ups:
-        assert [f.symptom for f in findings] == sorted((f.symptom for f in findings), key=SYMPTOMS.index)
+        assert [f.symptom for f in findings] == sorted(
+            (f.symptom for f in findings), key=SYMPTOMS.index
+        )
         return
     root = blow_ups[0]
     first = findings[0]
-    assert first.step == root.step and first.symptom in BLOW_UPS or (first.symptom == "nan_inf" and first.after is None)
-    assert not [f for f in findings if _advises_raising(f)], "a blow-up, and advice to raise the learning rate"
+    assert (
+        first.step == root.step
+        and first.symptom in BLOW_UPS
+        or (first.symptom == "nan_inf" and first.after is None)
+    )
+    assert not [f for f in findings if _advises_raising(f)], (
+        "a blow-up, and advice to raise the learning rate"
+    )
     for f in findings:
         if f.symptom in DYNAMICS and f.step > root.step + 3 and f.symptom != "nan_inf":
-            assert f.after == root.step and f"at step {root.step}" in f.evidence and f"at step {root.step}" in f.cause
+            assert (
+                f.after == root.step
+                and f"at step {root.step}" in f.evidence
+                and f"at step {root.step}" in f.cause
+            )
 
 
 @pytest.mark.parametrize("symptom", SYMPTOMS)
@@ -101,7 +121,9 @@ def test_each_synthetic_symptom_alone_is_named_alone(symptom: str) -> None:
 
 
 @pytest.mark.parametrize(("a", "b"), PAIRS, ids=[f"{a}+{b}" for a, b in PAIRS])
-def test_every_pair_of_symptoms_is_named_root_cause_first_with_advice_that_agrees(a: str, b: str) -> None:
+def test_every_pair_of_symptoms_is_named_root_cause_first_with_advice_that_agrees(
+    a: str, b: str
+) -> None:
     findings = diagnose(scenario(a, b))
     assert {a, b} <= {f.symptom for f in findings}, [f.symptom for f in findings]
     _check_root_cause_first(findings)
@@ -118,12 +140,20 @@ def test_the_pairs_cover_every_pair_that_is_not_exclusive_by_construction() -> N
 
 
 def test_every_advice_moves_the_learning_rate_as_it_says() -> None:
-    tables = [ADVICE, EARLY, BESIDE_BLOW_UP, {s: advice(s, after="loss explosion at step 5") for s in AFTER_BLOW_UP}]
+    tables = [
+        ADVICE,
+        EARLY,
+        BESIDE_BLOW_UP,
+        {s: advice(s, after="loss explosion at step 5") for s in AFTER_BLOW_UP},
+    ]
     for table in tables:
         for symptom, (cause, fix, _, lr) in table.items():
             assert (lr == "raise") == ("raise" in fix), (symptom, fix)
             assert lr != "lower" or "lower" in fix, (symptom, fix)
-    assert {a.lr for a in AFTER_BLOW_UP.values()} | {a.lr for a in EARLY.values()} <= {"lower", None}
+    assert {a.lr for a in AFTER_BLOW_UP.values()} | {a.lr for a in EARLY.values()} <= {
+        "lower",
+        None,
+    }
     assert {a.lr for a in BESIDE_BLOW_UP.values()} == {None}
     assert {s for s, a in ADVICE.items() if a.lr == "raise"} == {"plateau", "slow_convergence"}
 
@@ -138,7 +168,9 @@ def test_any_dynamics_symptom_after_any_blow_up_is_tied_to_it(root: str, later: 
 
 
 def test_a_plateau_before_a_blow_up_is_not_told_to_raise_the_learning_rate() -> None:
-    plateau, explosion = root_cause_first([finding("plateau", 100, "flat"), finding("loss_explosion", 200, "up")])[::-1]
+    plateau, explosion = root_cause_first(
+        [finding("plateau", 100, "flat"), finding("loss_explosion", 200, "up")]
+    )[::-1]
     assert explosion.symptom == "loss_explosion" and plateau.after is None
     assert not _advises_raising(plateau) and "loss explosion at step 200" in plateau.cause
 
@@ -154,4 +186,6 @@ def test_a_nan_from_an_overflow_is_tied_to_the_explosion_and_comes_after_it() ->
 
 def test_a_nan_out_of_nowhere_comes_first_even_after_an_explosion() -> None:
     findings = diagnose(scenario("loss_explosion", "nan_inf"))
-    assert [f.symptom for f in findings] == ["nan_inf", "loss_explosion"] and findings[0].after is None
+    assert [f.symptom for f in findings] == ["nan_inf", "loss_explosion"] and findings[
+        0
+    ].after is None

@@ -34,8 +34,12 @@ ALSO_ALLOWED = {
 def _healthy(n: int = 300, offset: float = 0.0, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     return [
-        {"step": t, "loss": offset + 2.3 * math.exp(-t / 40) + 0.05 + rng.gauss(0, 0.01),
-         "grad_norm": 5.0 * math.exp(-t / 60) + 0.05 * rng.random(), "step_time": 0.1 + 0.005 * rng.random()}
+        {
+            "step": t,
+            "loss": offset + 2.3 * math.exp(-t / 40) + 0.05 + rng.gauss(0, 0.01),
+            "grad_norm": 5.0 * math.exp(-t / 60) + 0.05 * rng.random(),
+            "step_time": 0.1 + 0.005 * rng.random(),
+        }
         for t in range(n)
     ]
 
@@ -135,7 +139,9 @@ def test_missing_keys_turn_off_their_checks_only() -> None:
 
 def test_null_and_string_values_are_read_as_nan(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
-    lines = [json.dumps({"step": t, "loss": 2.0 * 0.9**t}) for t in range(40)] + ['{"step": 40, "loss": null}']
+    lines = [json.dumps({"step": t, "loss": 2.0 * 0.9**t}) for t in range(40)] + [
+        '{"step": 40, "loss": null}'
+    ]
     path.write_text("\n".join(lines) + "\n")
     assert [(f.symptom, f.step) for f in diagnose(path)] == [("nan_inf", 40)]
     path.write_text('{"step": 0, "loss": "nan"}\n')
@@ -163,24 +169,40 @@ def test_thresholds_can_be_tightened() -> None:
     assert diagnose(records, grad_spike_ratio=3.0)[0].symptom == "gradient_explosion"
 
 
-ALL_ADVICE = [(f"{name}[{symptom}]", entry) for name, table in (
-    ("ADVICE", ADVICE), ("EARLY", EARLY), ("AFTER_BLOW_UP", AFTER_BLOW_UP), ("BESIDE_BLOW_UP", BESIDE_BLOW_UP))
-    for symptom, entry in table.items()]
+ALL_ADVICE = [
+    (f"{name}[{symptom}]", entry)
+    for name, table in (
+        ("ADVICE", ADVICE),
+        ("EARLY", EARLY),
+        ("AFTER_BLOW_UP", AFTER_BLOW_UP),
+        ("BESIDE_BLOW_UP", BESIDE_BLOW_UP),
+    )
+    for symptom, entry in table.items()
+]
 
 
 @pytest.mark.parametrize(("where", "entry"), ALL_ADVICE, ids=[where for where, _ in ALL_ADVICE])
-def test_every_fix_names_a_call_and_links_a_section_of_the_troubleshooting_page(where: str, entry) -> None:
+def test_every_fix_names_a_call_and_links_a_section_of_the_troubleshooting_page(
+    where: str, entry
+) -> None:
     cause, fix, see, _ = entry
     assert cause and re.search(r"(trainopt\.\w+|torch\.\w+)", fix)
     page, anchor = see.split("#")
     text = (ROOT / "docs" / page).read_text()
-    headings = {re.sub(r"[^a-z0-9]+", "-", h.lower()).strip("-") for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+    headings = {
+        re.sub(r"[^a-z0-9]+", "-", h.lower()).strip("-")
+        for h in re.findall(r"^#+ (.+)$", text, flags=re.M)
+    }
     assert anchor in headings, (anchor, sorted(headings))
 
 
 def test_finding_prints_symptom_step_cause_and_fix() -> None:
     text = str(Finding("plateau", 3, "flat", "lr tiny", "raise it", "x.md#plateau"))
-    assert text.startswith("plateau (from step 3): flat") and "cause: lr tiny" in text and "fix: raise it" in text
+    assert (
+        text.startswith("plateau (from step 3): flat")
+        and "cause: lr tiny" in text
+        and "fix: raise it" in text
+    )
 
 
 def test_defaults_cover_every_documented_threshold() -> None:
@@ -189,12 +211,25 @@ def test_defaults_cover_every_documented_threshold() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(offset=st.floats(-50, 50), height=st.floats(0.5, 20), tau=st.floats(10, 60),
-       noise=st.floats(0.0, 0.02), seed=st.integers(0, 10_000))
-def test_no_false_alarm_on_any_decaying_loss(offset: float, height: float, tau: float, noise: float, seed: int) -> None:
+@given(
+    offset=st.floats(-50, 50),
+    height=st.floats(0.5, 20),
+    tau=st.floats(10, 60),
+    noise=st.floats(0.0, 0.02),
+    seed=st.integers(0, 10_000),
+)
+def test_no_false_alarm_on_any_decaying_loss(
+    offset: float, height: float, tau: float, noise: float, seed: int
+) -> None:
     rng = random.Random(seed)
-    records = [{"step": t, "loss": offset + height * (math.exp(-t / tau) + noise * rng.gauss(0, 1)),
-                "grad_norm": height * math.exp(-t / tau) + 0.01} for t in range(300)]
+    records = [
+        {
+            "step": t,
+            "loss": offset + height * (math.exp(-t / tau) + noise * rng.gauss(0, 1)),
+            "grad_norm": height * math.exp(-t / tau) + 0.01,
+        }
+        for t in range(300)
+    ]
     assert diagnose(records) == []
 
 

@@ -25,13 +25,23 @@ from trainopt_site.diagnostics.generate import FITTING
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "guides" / "troubleshooting.md"
 VOCAB, SEQ = 32, 16
-TRAINER_FITS = {"healthy": frozenset(), "lr_too_high": FITTING["lr_too_high"], "nan_weight": FITTING["nan_sample"],
-                "lr_too_low": FITTING["lr_too_low"]}
+TRAINER_FITS = {
+    "healthy": frozenset(),
+    "lr_too_high": FITTING["lr_too_high"],
+    "nan_weight": FITTING["nan_sample"],
+    "lr_too_low": FITTING["lr_too_low"],
+}
 
 
 def _trainer_run(cause: str, out: Path) -> Path:
     """A tiny GPT-2 (2 layers, width 32) learning counting sequences with the Trainer, 100 steps on a CPU."""
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     class PoisonWeight(TrainerCallback):  # a weight turns NaN at step 50, as after an overflow
         def on_step_end(self, args, state, control, model=None, **kwargs):
@@ -40,18 +50,45 @@ def _trainer_run(cause: str, out: Path) -> Path:
                     model.transformer.wte.weight[0, 0] = math.nan
 
     g = torch.Generator().manual_seed(0)
-    start, stride = torch.randint(0, VOCAB, (1024, 1), generator=g), torch.randint(1, 3, (1024, 1), generator=g)
+    start, stride = (
+        torch.randint(0, VOCAB, (1024, 1), generator=g),
+        torch.randint(1, 3, (1024, 1), generator=g),
+    )
     ids = (start + stride * torch.arange(SEQ)) % VOCAB
     data = [{"input_ids": row, "labels": row} for row in ids]
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ,
-                                       bos_token_id=0, eos_token_id=0))
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            n_layer=2,
+            n_embd=32,
+            n_head=2,
+            vocab_size=VOCAB,
+            n_positions=SEQ,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    )
     lr = {"healthy": 3e-3, "lr_too_high": 1.0, "nan_weight": 3e-3, "lr_too_low": 1e-6}[cause]
-    args = TrainingArguments(str(out), max_steps=100, per_device_train_batch_size=8, learning_rate=lr,
-                             lr_scheduler_type="constant", logging_steps=1, report_to=["tensorboard"],
-                             save_strategy="no", use_cpu=True, disable_tqdm=True, seed=0, log_level="error")
-    trainer = Trainer(model=model, args=args, train_dataset=data,
-                      callbacks=[PoisonWeight()] if cause == "nan_weight" else [])
+    args = TrainingArguments(
+        str(out),
+        max_steps=100,
+        per_device_train_batch_size=8,
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        report_to=["tensorboard"],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        log_level="error",
+    )
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        callbacks=[PoisonWeight()] if cause == "nan_weight" else [],
+    )
     trainer.train()
     trainer.save_state()
     return out
@@ -63,7 +100,9 @@ def trainer_runs(tmp_path_factory) -> dict[str, Path]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return {cause: _trainer_run(cause, tmp_path_factory.mktemp(cause)) for cause in TRAINER_FITS}
+        return {
+            cause: _trainer_run(cause, tmp_path_factory.mktemp(cause)) for cause in TRAINER_FITS
+        }
     finally:
         torch.set_num_threads(threads)
 
@@ -75,7 +114,10 @@ def _first(findings) -> str | None:
 @pytest.mark.parametrize("cause", list(TRAINER_FITS))
 def test_a_trainer_state_json_gets_the_finding_of_its_fault(trainer_runs, cause):
     out = trainer_runs[cause]
-    assert log_format(out) == "trainer_state" and log_format(out / "trainer_state.json") == "trainer_state"
+    assert (
+        log_format(out) == "trainer_state"
+        and log_format(out / "trainer_state.json") == "trainer_state"
+    )
     records = read_log(out)
     assert len(records) == 100 and {"loss", "lr", "grad_norm", "step"} <= records[0].keys()
     findings = diagnose(out / "trainer_state.json", classes=VOCAB)
@@ -93,13 +135,20 @@ def test_the_trainers_tensorboard_events_give_the_same_findings(trainer_runs, ca
     assert [(f.symptom, f.step) for f in diagnose(events, classes=VOCAB)] == from_state
 
 
-GENERATED = [("healthy", "sgd"), ("lr_too_high", "sgd"), ("lr_too_low", "adamw"), ("nan_sample", "sgd"),
-             ("gradient_spike", "sgd")]
+GENERATED = [
+    ("healthy", "sgd"),
+    ("lr_too_high", "sgd"),
+    ("lr_too_low", "adamw"),
+    ("nan_sample", "sgd"),
+    ("gradient_spike", "sgd"),
+]
 
 
 @pytest.fixture(scope="module")
 def generated() -> dict[str, list[dict]]:
-    return {cause: generate_run(cause, optimizer, hidden=128, seed=0) for cause, optimizer in GENERATED}
+    return {
+        cause: generate_run(cause, optimizer, hidden=128, seed=0) for cause, optimizer in GENERATED
+    }
 
 
 def _write(records: list[dict], fmt: str, folder: Path) -> Path:
@@ -121,14 +170,28 @@ def _write(records: list[dict], fmt: str, folder: Path) -> Path:
             writer.writerows([r["step"], r["loss"], r["lr"], r["grad_norm"]] for r in records)
         return path
     path = folder / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"iteration": r["step"], "train_loss": r["loss"], "lr": r["lr"],
-                                        "gradient_norm": r["grad_norm"]}) + "\n" for r in records))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "iteration": r["step"],
+                    "train_loss": r["loss"],
+                    "lr": r["lr"],
+                    "gradient_norm": r["grad_norm"],
+                }
+            )
+            + "\n"
+            for r in records
+        )
+    )
     return path
 
 
 @pytest.mark.parametrize("fmt", ["tensorboard", "csv", "jsonl"])
 @pytest.mark.parametrize("cause", [cause for cause, _ in GENERATED])
-def test_a_generated_run_written_as_a_log_gets_the_finding_of_its_cause(generated, tmp_path, fmt, cause):
+def test_a_generated_run_written_as_a_log_gets_the_finding_of_its_cause(
+    generated, tmp_path, fmt, cause
+):
     path = _write(generated[cause], fmt, tmp_path)
     findings = diagnose(path, classes=10)
     if cause == "healthy":
@@ -136,42 +199,81 @@ def test_a_generated_run_written_as_a_log_gets_the_finding_of_its_cause(generate
     else:
         assert _first(findings) in FITTING[cause], [(f.symptom, f.step) for f in findings]
     # the log says what the records say: the same symptoms at the same steps
-    assert [(f.symptom, f.step) for f in findings] == [(f.symptom, f.step) for f in diagnose(generated[cause],
-                                                                                            classes=10)]
+    assert [(f.symptom, f.step) for f in findings] == [
+        (f.symptom, f.step) for f in diagnose(generated[cause], classes=10)
+    ]
 
 
 def test_common_column_names_are_the_schemas():
-    names = {"train/loss": "loss", "Loss": "loss", "training_loss": "loss", "lr": "lr", "learning_rate": "lr",
-             "train/learning_rate": "lr", "grad_norm": "grad_norm", "train/grad_norm": "grad_norm",
-             "global_step": "step", "Step": "step", "trainer/global_step": "step", "eval/loss": "eval/loss",
-             "val_loss": "val_loss"}
+    names = {
+        "train/loss": "loss",
+        "Loss": "loss",
+        "training_loss": "loss",
+        "lr": "lr",
+        "learning_rate": "lr",
+        "train/learning_rate": "lr",
+        "grad_norm": "grad_norm",
+        "train/grad_norm": "grad_norm",
+        "global_step": "step",
+        "Step": "step",
+        "trainer/global_step": "step",
+        "eval/loss": "eval/loss",
+        "val_loss": "val_loss",
+    }
     assert {name: canonical_name(name) for name in names} == names
 
 
 def test_evaluation_and_summary_entries_are_not_steps(tmp_path):
     state = tmp_path / "trainer_state.json"
-    state.write_text(json.dumps({"log_history": [
-        {"loss": 2.3, "step": 10}, {"eval_loss": 2.2, "step": 10}, {"loss": 2.1, "step": 20},
-        {"train_runtime": 3.0, "train_loss": 2.2, "step": 20}]}))
+    state.write_text(
+        json.dumps(
+            {
+                "log_history": [
+                    {"loss": 2.3, "step": 10},
+                    {"eval_loss": 2.2, "step": 10},
+                    {"loss": 2.1, "step": 20},
+                    {"train_runtime": 3.0, "train_loss": 2.2, "step": 20},
+                ]
+            }
+        )
+    )
     assert [(r["step"], r["loss"]) for r in read_log(state)] == [(10, 2.3), (20, 2.1)]
 
 
 def _command(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainopt.diagnostics", *args], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "trainopt.diagnostics", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
 
 
 def test_a_missing_file_is_one_line_and_exit_status_2_without_a_traceback():
     result = _command("no/such/trainer_state.json")
-    assert (result.returncode, result.stdout, result.stderr) == (2, "", "error: no/such/trainer_state.json: no such file\n")
+    assert (result.returncode, result.stdout, result.stderr) == (
+        2,
+        "",
+        "error: no/such/trainer_state.json: no such file\n",
+    )
 
 
-@pytest.mark.parametrize("args, line", [
-    (["pyproject.toml"], "error: path: pyproject.toml is not a log this reads; give a trainer_state.json"),
-    (["--classes", "0", "x.csv"], "error: --classes: "),
-    (["{tmp}/metrics.csv"], "error: loss: no column is a training loss; name it loss, train/loss or train_loss"),
-    (["{tmp}"], "error: path: "),
-])
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (
+            ["pyproject.toml"],
+            "error: path: pyproject.toml is not a log this reads; give a trainer_state.json",
+        ),
+        (["--classes", "0", "x.csv"], "error: --classes: "),
+        (
+            ["{tmp}/metrics.csv"],
+            "error: loss: no column is a training loss; name it loss, train/loss or train_loss",
+        ),
+        (["{tmp}"], "error: path: "),
+    ],
+)
 def test_a_mistake_names_its_field_in_one_line(tmp_path, monkeypatch, args, line):
     from trainopt.config.cli import run_command
     from trainopt.diagnostics.cli import main
@@ -188,16 +290,28 @@ def _masked(text: str) -> str:
 
 
 def test_the_pages_command_prints_the_finding_the_page_shows(tmp_path):
-    block = re.search(r"```console\n(\$ python -m trainopt\.diagnostics .*?)```", PAGE.read_text(), flags=re.S)
+    block = re.search(
+        r"```console\n(\$ python -m trainopt\.diagnostics .*?)```", PAGE.read_text(), flags=re.S
+    )
     command, *shown = block[1].splitlines()
     args = command.split()[4:]  # after "$ python -m trainopt.diagnostics"
     records = generate_run("lr_too_high", "sgd", steps=100)  # the log the page's example writes
     (tmp_path / "output").mkdir()
-    history = [{"step": r["step"], "loss": r["loss"], "grad_norm": r["grad_norm"], "learning_rate": r["lr"]}
-               for r in records]
-    (tmp_path / "output" / "trainer_state.json").write_text(json.dumps({"global_step": 100, "log_history": history}))
+    history = [
+        {
+            "step": r["step"],
+            "loss": r["loss"],
+            "grad_norm": r["grad_norm"],
+            "learning_rate": r["lr"],
+        }
+        for r in records
+    ]
+    (tmp_path / "output" / "trainer_state.json").write_text(
+        json.dumps({"global_step": 100, "log_history": history})
+    )
     result = _command(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+
     # The page wraps long lines to fit its column (continuations indented 4 more); the words,
     # their order and every line break of the command's own output must be the same.
     def lines(text_lines):
@@ -212,4 +326,4 @@ def test_the_pages_command_prints_the_finding_the_page_shows(tmp_path):
 
     printed, expected = lines(result.stdout.splitlines()), lines(shown)
     assert len(expected) >= 3
-    assert [_masked(x) for x in printed[:len(expected)]] == [_masked(x) for x in expected]
+    assert [_masked(x) for x in printed[: len(expected)]] == [_masked(x) for x in expected]

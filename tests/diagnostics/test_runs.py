@@ -12,8 +12,18 @@ import pytest
 from trainopt.diagnostics.records import load_records
 from trainopt_site.diagnostics.runs import FAULTS, main, record_run, write_jsonl
 
-KEYS = {"step", "loss", "grad_norm", "lr", "step_time", "tokens_per_s", "comm_time",
-        "memory_allocated", "memory_reserved", "max_memory"}
+KEYS = {
+    "step",
+    "loss",
+    "grad_norm",
+    "lr",
+    "step_time",
+    "tokens_per_s",
+    "comm_time",
+    "memory_allocated",
+    "memory_reserved",
+    "max_memory",
+}
 
 
 def test_a_short_healthy_run_logs_every_key_and_lowers_the_loss() -> None:
@@ -48,19 +58,53 @@ def test_main_writes_one_file_per_fault(tmp_path: Path) -> None:
 
 
 def test_the_command_line_runs_as_a_module(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "trainopt_site.diagnostics.runs", "--out", str(tmp_path),
-                          "--steps", "20", "--faults", "comm_overhead"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainopt_site.diagnostics.runs",
+            "--out",
+            str(tmp_path),
+            "--steps",
+            "20",
+            "--faults",
+            "comm_overhead",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "comm_overhead.jsonl" in out.stdout
     assert set(FAULTS) >= {p.stem for p in tmp_path.iterdir()}
 
 
 def test_the_troubleshooting_page_command_runs(tmp_path: Path) -> None:
     page = Path(__file__).resolve().parents[2] / "docs" / "guides" / "troubleshooting.md"
-    commands = [line[2:].split() for line in page.read_text().splitlines()
-                if line.startswith("$ python -m trainopt_site.diagnostics.runs")]  # the page's other command is test_logs'
-    assert len(commands) == 1 and commands[0][:4] == ["python", "-m", "trainopt_site.diagnostics.runs", "--out"]
+    commands = [
+        line[2:].split()
+        for line in page.read_text().splitlines()
+        if line.startswith("$ python -m trainopt_site.diagnostics.runs")
+    ]  # the page's other command is test_logs'
+    assert len(commands) == 1 and commands[0][:4] == [
+        "python",
+        "-m",
+        "trainopt_site.diagnostics.runs",
+        "--out",
+    ]
     args = commands[0][3:]
     args[args.index("--out") + 1] = str(tmp_path)
-    subprocess.run([sys.executable, "-m", "trainopt_site.diagnostics.runs", *args, "--steps", "15", "--faults", "healthy"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainopt_site.diagnostics.runs",
+            *args,
+            "--steps",
+            "15",
+            "--faults",
+            "healthy",
+        ],
+        check=True,
+        capture_output=True,
+    )
     assert len(load_records(tmp_path / "healthy.jsonl")) == 15

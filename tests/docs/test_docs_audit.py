@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 from artifacts import record
-from audit import alone_problems, audit, problems_in, run_alone, source_includes, unmarked_dependents
+from audit import (
+    alone_problems,
+    audit,
+    problems_in,
+    run_alone,
+    source_includes,
+    unmarked_dependents,
+)
 from trainopt_docs import source_with_imports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,34 +39,64 @@ def test_every_python_block_is_included_or_executed() -> None:
         ("<!-- skip: next -->\n```python\nprint(1)\n```\n", "HTML comment"),
         ("% invisible-code-block: python\n", "invisible code block"),
         ("```{trainopt-source} models.GPT\n```\n", "dotted trainopt name"),
-        ("```python\n>>> 1/0\nTraceback (most recent call last):\nZeroDivisionError: x\n```\n", "traceback"),
+        (
+            "```python\n>>> 1/0\nTraceback (most recent call last):\nZeroDivisionError: x\n```\n",
+            "traceback",
+        ),
     ],
 )
-def test_audit_names_file_and_line_of_each_bad_block(tmp_path: Path, snippet: str, message: str) -> None:
+def test_audit_names_file_and_line_of_each_bad_block(
+    tmp_path: Path, snippet: str, message: str
+) -> None:
     page = tmp_path / "page.md"
     page.write_text("# Title\n\nText.\n\n" + snippet)
     problems = problems_in(page, tmp_path)
-    assert len(problems) == 1 and problems[0].startswith("page.md:5:") and message in problems[0], problems
+    assert len(problems) == 1 and problems[0].startswith("page.md:5:") and message in problems[0], (
+        problems
+    )
 
 
-@pytest.mark.parametrize("condition", [
-    "True", "1", "not False", "1 > 0", "(True)", "True or False", "'yes'", "[0]",
-])
+@pytest.mark.parametrize(
+    "condition",
+    [
+        "True",
+        "1",
+        "not False",
+        "1 > 0",
+        "(True)",
+        "True or False",
+        "'yes'",
+        "[0]",
+    ],
+)
 def test_audit_rejects_an_always_true_skip_condition(tmp_path: Path, condition: str) -> None:
     page = tmp_path / "page.md"
-    page.write_text(f'# Title\n\nText.\n\n% skip: next if({condition}, reason="needs CUDA")\n\n'
-                    "```python\nprint(1)\n```\n")
+    page.write_text(
+        f'# Title\n\nText.\n\n% skip: next if({condition}, reason="needs CUDA")\n\n'
+        "```python\nprint(1)\n```\n"
+    )
     problems = problems_in(page, tmp_path)
-    assert len(problems) == 1 and problems[0].startswith("page.md:5:") and "constant" in problems[0], problems
+    assert (
+        len(problems) == 1 and problems[0].startswith("page.md:5:") and "constant" in problems[0]
+    ), problems
 
 
-@pytest.mark.parametrize("condition", [
-    "not torch.cuda.is_available()", "torch.cuda.device_count() < 2", "sys.platform == 'win32'",
-    "not HAS_CUDA",
-])
-def test_audit_accepts_a_skip_condition_that_reads_the_machine(tmp_path: Path, condition: str) -> None:
+@pytest.mark.parametrize(
+    "condition",
+    [
+        "not torch.cuda.is_available()",
+        "torch.cuda.device_count() < 2",
+        "sys.platform == 'win32'",
+        "not HAS_CUDA",
+    ],
+)
+def test_audit_accepts_a_skip_condition_that_reads_the_machine(
+    tmp_path: Path, condition: str
+) -> None:
     page = tmp_path / "page.md"
-    page.write_text(f'# T\n\n% skip: next if({condition}, reason="needs CUDA")\n\n```python\nx = 1\n```\n')
+    page.write_text(
+        f'# T\n\n% skip: next if({condition}, reason="needs CUDA")\n\n```python\nx = 1\n```\n'
+    )
     assert problems_in(page, tmp_path) == []
 
 
@@ -79,8 +116,14 @@ def test_site_shows_implementations_by_include() -> None:
 
 def _run_fresh(code: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT.parent, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT.parent,
+        env=env,
+        timeout=300,
+    )
 
 
 EACH_IN_A_FRESH_NAMESPACE = r"""
@@ -101,8 +144,15 @@ def test_every_included_implementation_runs_when_copied() -> None:
     includes = source_includes(DOCS)
     payload = [[f"{where} ({name})", source_with_imports(name)] for where, name in includes]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run([sys.executable, "-c", EACH_IN_A_FRESH_NAMESPACE], input=json.dumps(payload),
-                            capture_output=True, text=True, cwd=ROOT.parent, env=env, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-c", EACH_IN_A_FRESH_NAMESPACE],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        cwd=ROOT.parent,
+        env=env,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     failures = json.loads(result.stdout.strip().splitlines()[-1])
     assert len(payload) > 50 and not failures, "\n\n".join(failures)
@@ -111,7 +161,7 @@ def test_every_included_implementation_runs_when_copied() -> None:
 def test_copied_implementation_fails_without_its_imports() -> None:
     """The check above can fail: the same source stripped of its imports does not run."""
     code = source_with_imports("trainopt.models.synthetic_batch")
-    body = code[code.index("def synthetic_batch"):] + "\nsynthetic_batch(GPTConfig(), 2, 4)\n"
+    body = code[code.index("def synthetic_batch") :] + "\nsynthetic_batch(GPTConfig(), 2, 4)\n"
     result = _run_fresh(body)
     assert result.returncode != 0 and "NameError" in result.stderr
 
@@ -126,25 +176,37 @@ ALONE_ENFORCED = [
 ]
 
 
-READER_PAGES = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")
-                      if not any(part.startswith("_") for part in p.relative_to(DOCS).parts)
-                      and p.relative_to(DOCS).parts[0] != "reference")
+READER_PAGES = sorted(
+    p.relative_to(DOCS).as_posix()
+    for p in DOCS.rglob("*.md")
+    if not any(part.startswith("_") for part in p.relative_to(DOCS).parts)
+    and p.relative_to(DOCS).parts[0] != "reference"
+)
 
 
 @pytest.mark.parametrize("page", READER_PAGES)
 def test_each_block_that_reads_earlier_names_says_what_to_run_first(page: str) -> None:
     """Static, on every page: a block that reads a name it doesn't define (``digits_mlp``,
     ``torch``) carries a ``% needs:`` line. The pages below also run each block alone."""
-    assert not unmarked_dependents(DOCS / page, DOCS), "\n".join(unmarked_dependents(DOCS / page, DOCS))
+    assert not unmarked_dependents(DOCS / page, DOCS), "\n".join(
+        unmarked_dependents(DOCS / page, DOCS)
+    )
 
 
 def test_the_static_check_finds_a_block_that_reads_an_earlier_name(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
-    page.write_text("# T\n\n```python\nimport torch\nx = torch.ones(2)\n```\n\n```python\n"
-                    "def f(a):\n    return a + x\n\nprint([f(i) for i in range(2)], len(x))\n```\n")
-    assert [p.split(": ", 1)[1] for p in unmarked_dependents(page)] == ["reads x from earlier blocks; put '% needs"
-                                                                     ": <the block to run first>' above it"]
-    page.write_text(page.read_text().replace("\n\n```python\ndef", "\n\n% needs: the first block\n```python\ndef"))
+    page.write_text(
+        "# T\n\n```python\nimport torch\nx = torch.ones(2)\n```\n\n```python\n"
+        "def f(a):\n    return a + x\n\nprint([f(i) for i in range(2)], len(x))\n```\n"
+    )
+    assert [p.split(": ", 1)[1] for p in unmarked_dependents(page)] == [
+        "reads x from earlier blocks; put '% needs: <the block to run first>' above it"
+    ]
+    page.write_text(
+        page.read_text().replace(
+            "\n\n```python\ndef", "\n\n% needs: the first block\n```python\ndef"
+        )
+    )
     assert unmarked_dependents(page) == []
 
 
@@ -152,7 +214,9 @@ def test_the_static_check_finds_a_block_that_reads_an_earlier_name(tmp_path: Pat
 def test_each_block_runs_alone_or_says_what_to_run_first(page: str) -> None:
     results = run_alone(DOCS / page)
     counts = {k: sum(r.outcome == k for r in results) for k in ("runs", "fails", "skipped")}
-    _record_alone(page, {**counts, "marked": sum(bool(r.marked) for r in results), "blocks": len(results)})
+    _record_alone(
+        page, {**counts, "marked": sum(bool(r.marked) for r in results), "blocks": len(results)}
+    )
     problems = alone_problems(DOCS / page, results, DOCS)
     assert results and not problems, "\n".join(problems)
 
@@ -163,11 +227,19 @@ def _record_alone(page: str, value: dict) -> None:
 
 def test_the_alone_check_finds_a_block_that_needs_an_earlier_one(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
-    page.write_text("# T\n\n```python\nx = 1\n```\n\n```python\nassert x == 1\n```\n\n"
-                    "% needs: the first block\n\n```python\nassert x + 1 == 2\n```\n\n"
-                    "```python\nimport math\nassert math.pi > 3\n```\n")
+    page.write_text(
+        "# T\n\n```python\nx = 1\n```\n\n```python\nassert x == 1\n```\n\n"
+        "% needs: the first block\n\n```python\nassert x + 1 == 2\n```\n\n"
+        "```python\nimport math\nassert math.pi > 3\n```\n"
+    )
     results = run_alone(page)
     assert [(r.outcome, r.marked) for r in results] == [
-        ("runs", None), ("fails", None), ("fails", "the first block"), ("runs", None)]
+        ("runs", None),
+        ("fails", None),
+        ("fails", "the first block"),
+        ("runs", None),
+    ]
     problems = alone_problems(page, results, tmp_path)
-    assert len(problems) == 1 and problems[0].startswith("page.md:7:") and "NameError" in problems[0]
+    assert (
+        len(problems) == 1 and problems[0].startswith("page.md:7:") and "NameError" in problems[0]
+    )

@@ -11,7 +11,9 @@ from trainopt_docs import read_front_matter
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-PAGES = sorted(p for p in DOCS.rglob("*.md") if not any(s.startswith("_") for s in p.relative_to(DOCS).parts))
+PAGES = sorted(
+    p for p in DOCS.rglob("*.md") if not any(s.startswith("_") for s in p.relative_to(DOCS).parts)
+)
 
 
 def _html(site: Path, page: Path) -> str:
@@ -32,12 +34,20 @@ def test_landing_grids_render_as_cards_linking_to_their_pages(built_site: Path) 
     expected = {
         "index.md": ["guides/training-optimization/index.html", "advanced/performance/index.html"],
         "guides/training-optimization/index.md": [
-            "learning-rate-scheduling.html", "training-stability.html", "hyperparameter-optimization.html",
-            "use-with-your-trainer.html"],
+            "learning-rate-scheduling.html",
+            "training-stability.html",
+            "hyperparameter-optimization.html",
+            "use-with-your-trainer.html",
+        ],
         "advanced/performance/index.md": [
-            "memory-optimization.html", "distributed-training.html", "profiling.html",
-            "monitoring.html", "benchmarking.html", "mixed-precision.html",
-            "compilation.html"],
+            "memory-optimization.html",
+            "distributed-training.html",
+            "profiling.html",
+            "monitoring.html",
+            "benchmarking.html",
+            "mixed-precision.html",
+            "compilation.html",
+        ],
     }
     for page, targets in expected.items():
         html = _html(built_site, DOCS / page)
@@ -51,10 +61,12 @@ def test_card_badge_matches_the_difficulty_of_the_linked_page(built_site: Path) 
     html = _html(built_site, DOCS / "guides/training-optimization/index.md")
     for name in ("learning-rate-scheduling", "training-stability", "hyperparameter-optimization"):
         meta, title = read_front_matter(DOCS / "guides/training-optimization" / f"{name}.md")
-        card = re.search(rf'href="{name}.html".*?sd-card-footer.*?sd-badge[^>]*>([^<]+)<', html, flags=re.S)
+        card = re.search(
+            rf'href="{name}.html".*?sd-card-footer.*?sd-badge[^>]*>([^<]+)<', html, flags=re.S
+        )
         assert card and card.group(1) == meta["difficulty"].capitalize(), name
         page_html = _html(built_site, DOCS / "guides/training-optimization" / f"{name}.md")
-        assert f'trainopt-difficulty' in page_html
+        assert "trainopt-difficulty" in page_html
 
 
 def test_math_renders_as_math_not_text(built_site: Path) -> None:
@@ -77,10 +89,14 @@ def test_no_broken_internal_link_or_image(built_site: Path) -> None:
 
 
 def test_link_checker_reports_a_broken_link(tmp_path: Path) -> None:
-    (tmp_path / "a.html").write_text('<a href="b.html">b</a><a href="a.html#missing">x</a><img src="i.png">')
+    (tmp_path / "a.html").write_text(
+        '<a href="b.html">b</a><a href="a.html#missing">x</a><img src="i.png">'
+    )
     assert broken_links(tmp_path) == [
-        "a.html: a.html#missing (no anchor #missing)", "a.html: b.html (no such file)",
-        "a.html: i.png (no such file)"]
+        "a.html: a.html#missing (no anchor #missing)",
+        "a.html: b.html (no such file)",
+        "a.html: i.png (no such file)",
+    ]
 
 
 def test_copybutton_copies_code_only_from_doctest_blocks(built_site: Path) -> None:
@@ -96,6 +112,7 @@ def test_yaml_shown_on_pages_is_included_from_real_files() -> None:
     for page in PAGES:
         text = page.read_text()
         assert not re.search(r"^```ya?ml\s*$", text, flags=re.M), (
-            f"{page.relative_to(DOCS)}: inline YAML; include a real file with literalinclude")
+            f"{page.relative_to(DOCS)}: inline YAML; include a real file with literalinclude"
+        )
         for include in re.findall(r"^```\{literalinclude\}\s+(\S+\.ya?ml)", text, flags=re.M):
             yaml.safe_load((page.parent / include).read_text())

@@ -27,9 +27,14 @@ from trainopt_docs import MIN_TEXT_KEY, source_with_imports
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 SRC = ROOT / "src" / "trainopt"
-PAGES = sorted(p for p in DOCS.rglob("*.md") if not any(s.startswith("_") for s in p.relative_to(DOCS).parts))
-ARTICLES = [p for p in PAGES if p.relative_to(DOCS).parts[0] in ("guides", "advanced", "concepts")
-            and p.name != "index.md"]
+PAGES = sorted(
+    p for p in DOCS.rglob("*.md") if not any(s.startswith("_") for s in p.relative_to(DOCS).parts)
+)
+ARTICLES = [
+    p
+    for p in PAGES
+    if p.relative_to(DOCS).parts[0] in ("guides", "advanced", "concepts") and p.name != "index.md"
+]
 COLUMN_PX = 800  # the widest a figure is shown at
 MIN_TEXT_PX = 9
 
@@ -54,7 +59,8 @@ def test_included_source_has_no_docstrings_but_keeps_its_imports() -> None:
         code = source_with_imports(name)
         tree = ast.parse(code)
         documented = [
-            node.name for node in ast.walk(tree)
+            node.name
+            for node in ast.walk(tree)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
             and ast.get_docstring(node) is not None
         ]
@@ -67,13 +73,20 @@ def test_implementations_are_closed_dropdowns_titled_with_their_path(built_site:
         if not names:
             continue
         html = _article(_html_path(built_site, page).read_text())
-        dropdowns = re.findall(r"<details([^>]*trainopt-source-dropdown[^>]*)>\s*<summary.*?</summary>", html, re.S)
-        titles = [re.sub(r"<[^>]+>", "", m.group(0)).strip()
-                  for m in re.finditer(r"<details[^>]*trainopt-source-dropdown[^>]*>\s*<summary.*?</summary>",
-                                       html, re.S)]
+        dropdowns = re.findall(
+            r"<details([^>]*trainopt-source-dropdown[^>]*)>\s*<summary.*?</summary>", html, re.S
+        )
+        titles = [
+            re.sub(r"<[^>]+>", "", m.group(0)).strip()
+            for m in re.finditer(
+                r"<details[^>]*trainopt-source-dropdown[^>]*>\s*<summary.*?</summary>", html, re.S
+            )
+        ]
         where = page.relative_to(DOCS)
         assert titles == names, f"{where}: dropdown titles {titles} != included objects {names}"
-        assert not [d for d in dropdowns if re.search(r"\bopen\b", d)], f"{where}: a dropdown is open"
+        assert not [d for d in dropdowns if re.search(r"\bopen\b", d)], (
+            f"{where}: a dropdown is open"
+        )
         assert html.count('class="trainopt-source highlight-python') == len(names), where
 
 
@@ -94,10 +107,14 @@ def test_every_figure_has_a_caption_and_opens_full_size(built_site: Path) -> Non
             count += 1
             where = f"{page.relative_to(DOCS)}"
             caption = re.search(r"<figcaption>(.*?)</figcaption>", figure, re.S)
-            assert caption and re.sub(r"<[^>]+>", "", caption.group(1)).strip(), f"{where}: no caption"
+            assert caption and re.sub(r"<[^>]+>", "", caption.group(1)).strip(), (
+                f"{where}: no caption"
+            )
             link = re.search(r'<a [^>]*href="([^"]+\.png)"[^>]*>\s*<img [^>]*src="([^"]+)"', figure)
             assert link, f"{where}: figure image is not a link"
-            assert link.group(1) == link.group(2), f"{where}: the link opens {link.group(1)}, not the image"
+            assert link.group(1) == link.group(2), (
+                f"{where}: the link opens {link.group(1)}, not the image"
+            )
             assert (path.parent / link.group(1)).is_file(), f"{where}: {link.group(1)} missing"
     assert count > 0
 
@@ -117,8 +134,10 @@ def test_figure_text_is_at_least_9px_where_it_is_shown(built_site: Path) -> None
             shown = min(natural, COLUMN_PX, int(width.group(1)) if width else natural)
             at_display = float(recorded) * shown / natural
             if at_display < MIN_TEXT_PX:
-                too_small.append(f"{page.relative_to(DOCS)}: {Path(img.group(1)).name} {natural} px wide, "
-                                 f"smallest text {recorded} px, {at_display:.1f} px as shown")
+                too_small.append(
+                    f"{page.relative_to(DOCS)}: {Path(img.group(1)).name} {natural} px wide, "
+                    f"smallest text {recorded} px, {at_display:.1f} px as shown"
+                )
     assert count > 0
     assert not too_small, "figure text under 9 px:\n" + "\n".join(too_small)
 
@@ -138,7 +157,10 @@ def test_a_figure_without_a_caption_fails_the_build_naming_its_file(tmp_path: Pa
     )
     result = subprocess.run(
         [sys.executable, "-m", "sphinx", "-b", "html", "-q", str(src), str(tmp_path / "out")],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
     )
     assert "index.md" in result.stderr and "needs a :caption: text" in result.stderr, result.stderr
 
@@ -157,10 +179,19 @@ def test_no_page_has_an_empty_section_navigation(built_site: Path) -> None:
     assert not empty, f"empty Section Navigation sidebar on: {empty}"
 
 
-@pytest.mark.parametrize("page, columns", [
-    ("guides/training-optimization/index.md", "sd-row-cols-xs-1 sd-row-cols-sm-2 sd-row-cols-md-2 sd-row-cols-lg-2"),
-    ("advanced/performance/index.md", "sd-row-cols-xs-1 sd-row-cols-sm-1 sd-row-cols-md-1 sd-row-cols-lg-2"),
-])
+@pytest.mark.parametrize(
+    "page, columns",
+    [
+        (
+            "guides/training-optimization/index.md",
+            "sd-row-cols-xs-1 sd-row-cols-sm-2 sd-row-cols-md-2 sd-row-cols-lg-2",
+        ),
+        (
+            "advanced/performance/index.md",
+            "sd-row-cols-xs-1 sd-row-cols-sm-1 sd-row-cols-md-1 sd-row-cols-lg-2",
+        ),
+    ],
+)
 def test_landing_grids_have_the_seeds_columns(built_site: Path, page: str, columns: str) -> None:
     html = _html_path(built_site, DOCS / page).read_text()
     assert columns in html, page
@@ -175,7 +206,20 @@ class _Prose(HTMLParser):
     """Visible text of a page, without scripts, styles and code (``code``, ``pre``, literals)."""
 
     SKIP = {"script", "style", "code", "pre", "kbd", "samp", "tt", "math", "mjx-container"}
-    VOID = {"br", "img", "hr", "meta", "link", "input", "wbr", "source", "col", "area", "base", "embed"}
+    VOID = {
+        "br",
+        "img",
+        "hr",
+        "meta",
+        "link",
+        "input",
+        "wbr",
+        "source",
+        "col",
+        "area",
+        "base",
+        "embed",
+    }
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -186,8 +230,12 @@ class _Prose(HTMLParser):
         if tag in self.VOID:
             return
         classes = dict(attrs).get("class") or ""
-        hidden = (tag in self.SKIP or "highlight" in classes.split() or "math" in classes.split()
-                  or (self.stack and self.stack[-1]))
+        hidden = (
+            tag in self.SKIP
+            or "highlight" in classes.split()
+            or "math" in classes.split()
+            or (self.stack and self.stack[-1])
+        )
         self.stack.append(bool(hidden))
 
     def handle_endtag(self, tag: str) -> None:
@@ -205,7 +253,9 @@ def prose(html: str) -> str:
     return re.sub(r"\s+", " ", " ".join(parser.parts))
 
 
-RAW_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|exc|data|obj|const|ref|doc|math|term):`?")
+RAW_ROLE = re.compile(
+    r":(?:py:)?(?:class|func|meth|mod|attr|exc|data|obj|const|ref|doc|math|term):`?"
+)
 SEED = re.compile(r"\bseed(?:s|ed|-style)?\b", re.IGNORECASE)
 DASHED_FLAG = re.compile(r"(?:^|[\s(\[])[\u2013\u2014]{1,2}[a-z][\w-]*")
 
@@ -219,8 +269,10 @@ def _prose_problems(page_html: str) -> list[str]:
 
 
 def test_prose_checks_catch_what_they_look_for() -> None:
-    html = ('<article class="bd-article"><p>Use :class:`Foo` with \\_x and \u2013n-trials, '
-            'then a seed-style stack.</p><pre>seed = 0 :func:</pre><code>--n-trials</code></article>')
+    html = (
+        '<article class="bd-article"><p>Use :class:`Foo` with \\_x and \u2013n-trials, '
+        "then a seed-style stack.</p><pre>seed = 0 :func:</pre><code>--n-trials</code></article>"
+    )
     assert len(_prose_problems(html)) == 3
     assert len(SEED.findall(prose(html))) == 1
 
@@ -230,12 +282,15 @@ def test_visible_text_has_no_raw_roles_escapes_or_dashed_flags(built_site: Path)
     for path in sorted(built_site.rglob("*.html")):
         if path.name in ("genindex.html", "search.html", "py-modindex.html"):
             continue
-        problems += [f"{path.relative_to(built_site)}: {p}" for p in _prose_problems(path.read_text())]
+        problems += [
+            f"{path.relative_to(built_site)}: {p}" for p in _prose_problems(path.read_text())
+        ]
     assert not problems, "\n".join(problems)
 
 
-
-SEED_DOCUMENTS = re.compile(r"\bseed(?:-style|\u2019s|'s| code| documents?| pages?| snippets?)\b", re.IGNORECASE)
+SEED_DOCUMENTS = re.compile(
+    r"\bseed(?:-style|\u2019s|'s| code| documents?| pages?| snippets?)\b", re.IGNORECASE
+)
 
 
 def test_page_prose_never_says_seed(built_site: Path) -> None:
@@ -253,8 +308,10 @@ def test_page_prose_never_says_seed(built_site: Path) -> None:
             html = re.sub(r'<dt class="sig.*?</dt>', "", html, flags=re.S)
             pattern = SEED_DOCUMENTS
         text = prose(html)
-        problems += [f"{page.relative_to(DOCS)}: ...{text[max(0, m.start() - 50):m.end() + 30]}..."
-                     for m in pattern.finditer(text)]
+        problems += [
+            f"{page.relative_to(DOCS)}: ...{text[max(0, m.start() - 50) : m.end() + 30]}..."
+            for m in pattern.finditer(text)
+        ]
     assert not problems, "\n".join(problems)
 
 
@@ -283,22 +340,29 @@ def docstring_literal_problems(path: Path) -> list[str]:
                 continue  # declared (``yaml``, ``console``, ``python``...)
             indent = len(line) - len(line.lstrip())
             body = []
-            for following in lines[i + 1:]:
+            for following in lines[i + 1 :]:
                 if following.strip() and len(following) - len(following.lstrip()) <= indent:
                     break
                 body.append(following)
             content = [b for b in body if b.strip()]
             if not content or any(b.strip().startswith(">>>") for b in content):
                 continue
-            kind = ("shell" if any(SHELL.match(b) for b in content)
-                    else "YAML" if all(YAML.match(b) or b.strip().startswith(("- ", "#")) for b in content)
-                    else None)
+            kind = (
+                "shell"
+                if any(SHELL.match(b) for b in content)
+                else "YAML"
+                if all(YAML.match(b) or b.strip().startswith(("- ", "#")) for b in content)
+                else None
+            )
             if kind:
                 name = getattr(node, "name", "module")
                 wanted = "console" if kind == "shell" else "yaml"
-                shown = path.relative_to(SRC.parent) if path.is_relative_to(SRC.parent) else path.name
-                problems.append(f"{shown}: {name}: a literal block of {kind} "
-                                f"needs '.. code-block:: {wanted}'")
+                shown = (
+                    path.relative_to(SRC.parent) if path.is_relative_to(SRC.parent) else path.name
+                )
+                problems.append(
+                    f"{shown}: {name}: a literal block of {kind} needs '.. code-block:: {wanted}'"
+                )
     return problems
 
 
@@ -313,7 +377,7 @@ def test_docstring_literal_check_finds_undeclared_yaml_and_shell(tmp_path: Path)
     module = tmp_path / "probe.py"
     module.write_text(
         'def f():\n    """Load a config.\n\n    Example config::\n\n        type: cosine\n        total_steps: 10\n\n'
-        '    Run it::\n\n        $ python -m trainopt.hpo config.yaml\n\n'
+        "    Run it::\n\n        $ python -m trainopt.hpo config.yaml\n\n"
         '    .. code-block:: yaml\n\n        type: cosine\n    """\n'
     )
     problems = docstring_literal_problems(module)
@@ -341,11 +405,15 @@ def reference_problems(page: Path) -> list[str]:
     headings = list(re.finditer(r"^## (.+)$", text, re.M))
     if not headings or headings[-1].group(1).strip() != "References":
         return [f"{where}: the last section is not '## References'"]
-    body, references = text[:headings[-1].start()], text[headings[-1].end():]
+    body, references = text[: headings[-1].start()], text[headings[-1].end() :]
     problems = []
-    leftover = re.sub(r"^\[\^[^\]]+\]:.*(\n(?:[ \t]+\S.*|[ \t]*)$)*", "", references, flags=re.M).strip()
+    leftover = re.sub(
+        r"^\[\^[^\]]+\]:.*(\n(?:[ \t]+\S.*|[ \t]*)$)*", "", references, flags=re.M
+    ).strip()
     if leftover:
-        problems.append(f"{where}: the References section holds more than footnotes: {leftover[:80]!r}")
+        problems.append(
+            f"{where}: the References section holds more than footnotes: {leftover[:80]!r}"
+        )
     defined = FOOTNOTE_DEF.findall(text)
     if not defined:
         problems.append(f"{where}: the References section has no footnote")
@@ -353,8 +421,12 @@ def reference_problems(page: Path) -> list[str]:
     if outside:
         problems.append(f"{where}: footnotes defined outside References: {sorted(outside)}")
     cited = set(FOOTNOTE_REF.findall(FOOTNOTE_DEF.sub("", text)))
-    problems += [f"{where}: footnote [^{key}] is never cited" for key in defined if key not in cited]
-    problems += [f"{where}: [^{key}] is cited but not defined" for key in sorted(cited - set(defined))]
+    problems += [
+        f"{where}: footnote [^{key}] is never cited" for key in defined if key not in cited
+    ]
+    problems += [
+        f"{where}: [^{key}] is cited but not defined" for key in sorted(cited - set(defined))
+    ]
     return problems
 
 
@@ -367,10 +439,14 @@ def test_every_article_ends_with_cited_footnote_references() -> None:
 
 def test_reference_check_finds_uncited_and_undefined_footnotes(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
-    page.write_text("# T\n\nA claim[^a] and another[^b].\n\n`[^c]` in code.\n\n## References\n\n"
-                    "[^a]: Someone 2020.\n[^c]: Nobody cites this.\n")
+    page.write_text(
+        "# T\n\nA claim[^a] and another[^b].\n\n`[^c]` in code.\n\n## References\n\n"
+        "[^a]: Someone 2020.\n[^c]: Nobody cites this.\n"
+    )
     assert reference_problems(page) == [
-        "page.md: footnote [^c] is never cited", "page.md: [^b] is cited but not defined"]
+        "page.md: footnote [^c] is never cited",
+        "page.md: [^b] is cited but not defined",
+    ]
     page.write_text("# T\n\nA claim[^a].\n\n## References\n\n[^a]: Someone 2020.\n\n## After\n")
     assert reference_problems(page) == ["page.md: the last section is not '## References'"]
 
@@ -390,14 +466,30 @@ def test_footnotes_render_as_a_footnote_list(built_site: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_a_second_build_with_nothing_changed_reads_no_page(built_site: Path, tmp_path: Path) -> None:
+def test_a_second_build_with_nothing_changed_reads_no_page(
+    built_site: Path, tmp_path: Path
+) -> None:
     """Build into a copy of the session's build (its environment included): nothing is re-read."""
     out = tmp_path / "html"
     shutil.copytree(built_site, out, symlinks=True)
     result = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going",
-         "-c", str(ROOT), str(DOCS), str(out)],
-        capture_output=True, text=True, cwd=ROOT, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "sphinx",
+            "-b",
+            "html",
+            "-W",
+            "--keep-going",
+            "-c",
+            str(ROOT),
+            str(DOCS),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
     )
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-3000:]

@@ -30,10 +30,15 @@ def examples(obj: object) -> list[doctest.Example]:
 
 @pytest.mark.parametrize("module_name", public_modules())
 def test_every_docstring_example_ends_with_the_result_it_shows(module_name: str) -> None:
-    silent = [name for name, obj in documented(module_name)
-              if (found := examples(obj)) and not found[-1].want.strip()]
-    assert not silent, (f"{module_name}: the last >>> line of these examples shows no result "
-                        f"(end with a value, a shape or a comparison): {silent}")
+    silent = [
+        name
+        for name, obj in documented(module_name)
+        if (found := examples(obj)) and not found[-1].want.strip()
+    ]
+    assert not silent, (
+        f"{module_name}: the last >>> line of these examples shows no result "
+        f"(end with a value, a shape or a comparison): {silent}"
+    )
 
 
 def test_a_statement_only_example_is_caught() -> None:
@@ -71,6 +76,10 @@ def test_docstring_blocks_that_are_not_python_declare_their_language() -> None:
     ``.. code-block:: text``; Python is a ``>>>`` example, which the test suite runs."""
     import re
 
-    bare = [f"{where}: {line.strip()!r}" for where, doc in _docstrings() for line in doc.splitlines()
-            if re.search(r"::\s*$", line) and not re.match(r"\s*\.\. [\w-]+::", line)]
+    bare = [
+        f"{where}: {line.strip()!r}"
+        for where, doc in _docstrings()
+        for line in doc.splitlines()
+        if re.search(r"::\s*$", line) and not re.match(r"\s*\.\. [\w-]+::", line)
+    ]
     assert not bare, "declare a language (.. code-block:: text) for:\n" + "\n".join(bare)

@@ -55,34 +55,47 @@ def test_the_notebooks_markdown_carries_no_myst_markup() -> None:
     for page in NOTEBOOK_PAGES(DOCS):
         for cell in notebook_for(DOCS / f"{page}.md")["cells"]:
             if cell["cell_type"] == "markdown":
-                found += [f"{page}: {line!r}" for line in cell["source"].splitlines()
-                          if re.match(r"^\s*(:{3,}|:[\w-]+:(\s|$)|%\s*(skip|needs):|```\{)", line)]
+                found += [
+                    f"{page}: {line!r}"
+                    for line in cell["source"].splitlines()
+                    if re.match(r"^\s*(:{3,}|:[\w-]+:(\s|$)|%\s*(skip|needs):|```\{)", line)
+                ]
     assert not found, "\n".join(found)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", NOTEBOOK_PAGES(DOCS))
-def test_the_notebook_runs_in_a_fresh_kernel_in_an_empty_directory(page: str, tmp_path: Path, wheel_python: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_notebook_runs_in_a_fresh_kernel_in_an_empty_directory(
+    page: str, tmp_path: Path, wheel_python: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     notebook = nbformat.from_dict(notebook_for(DOCS / f"{page}.md"))
     nbformat.validate(notebook)
     assert any(cell.cell_type == "code" for cell in notebook.cells), page
     # the kernel: the wheel's environment, started in an empty folder, nothing of the repository
-    notebook.cells.append(nbformat.v4.new_code_cell("import trainopt\nprint('trainopt from', trainopt.__file__)"))
+    notebook.cells.append(
+        nbformat.v4.new_code_cell("import trainopt\nprint('trainopt from', trainopt.__file__)")
+    )
     monkeypatch.setenv("JUPYTER_PATH", str(wheel_python.parents[1] / "share" / "jupyter"))
     monkeypatch.delenv("PYTHONPATH", raising=False)
     monkeypatch.setenv("PYTHONNOUSERSITE", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.delenv("TRAINOPT_REQUIRE_CUDA", raising=False)
-    client = nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="trainopt-wheel",
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        notebook,
+        timeout=CELL_TIMEOUT_S,
+        kernel_name="trainopt-wheel",
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
     started = time.perf_counter()
     client.execute()
     where = "".join(o.get("text", "") for o in notebook.cells.pop().outputs).strip()
     assert where.startswith("trainopt from ") and str(wheel_python.parents[1]) in where, where
     seconds = round(time.perf_counter() - started, 1)
-    skipped = sum("skipped: " in "".join(o.get("text", "") for o in cell.get("outputs", []))
-                  for cell in notebook.cells if cell.cell_type == "code")
+    skipped = sum(
+        "skipped: " in "".join(o.get("text", "") for o in cell.get("outputs", []))
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+    )
     printed = _printed(notebook, page)
     target = OUTPUTS / f"{page}.json"
     if os.environ.get("TRAINOPT_RECORD_OUTPUTS") == "1":
@@ -94,7 +107,8 @@ def test_the_notebook_runs_in_a_fresh_kernel_in_an_empty_directory(page: str, tm
     assert sorted(recorded) == sorted(printed), (
         f"{page}: the blocks that print (at lines {sorted(v['line'] for v in printed.values())}) are not the "
         f"blocks with a recorded output (by code hash {sorted(k[:8] for k in recorded)}, these blocks now: "
-        f"{sorted(k[:8] for k in printed)}); {again}")
+        f"{sorted(k[:8] for k in printed)}); {again}"
+    )
     import torch
 
     # The outputs are recorded on a CPU; where CUDA runs the blocks, values (and words that depend on
@@ -104,9 +118,16 @@ def test_the_notebook_runs_in_a_fresh_kernel_in_an_empty_directory(page: str, tm
         # the first line, numbers masked, says whether it is the same output.
         assert _masked(recorded[sha1]["stdout"])[:1] == _masked(now["stdout"])[:1], (
             f"{page}, line {now['line']}: the page shows\n{recorded[sha1]['stdout']}\n"
-            f"but the block prints\n{now['stdout']}")
-    _record(page, {"code_cells": sum(c.cell_type == "code" for c in notebook.cells), "seconds": seconds,
-                   "cells_skipped_here": skipped})
+            f"but the block prints\n{now['stdout']}"
+        )
+    _record(
+        page,
+        {
+            "code_cells": sum(c.cell_type == "code" for c in notebook.cells),
+            "seconds": seconds,
+            "cells_skipped_here": skipped,
+        },
+    )
 
 
 def _printed(notebook: object, page: str) -> dict[str, dict]:
@@ -120,7 +141,10 @@ def _printed(notebook: object, page: str) -> dict[str, dict]:
             continue
         text = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout")
         if text.strip():
-            printed[code_sha1(on_page[where["line"]].body)] = {"line": where["line"], "stdout": text.rstrip("\n")}
+            printed[code_sha1(on_page[where["line"]].body)] = {
+                "line": where["line"],
+                "stdout": text.rstrip("\n"),
+            }
     return printed
 
 

@@ -26,7 +26,9 @@ def storage_urls(stem: str):
         else:
             if not POSTGRES_URL:
                 if in_ci():
-                    pytest.fail("CI is set but TRAINOPT_POSTGRES_URL is not: .ci/run must start PostgreSQL")
+                    pytest.fail(
+                        "CI is set but TRAINOPT_POSTGRES_URL is not: .ci/run must start PostgreSQL"
+                    )
                 pytest.skip("no PostgreSQL server: set TRAINOPT_POSTGRES_URL (.ci/run starts one)")
             yield POSTGRES_URL
             storage = open_storage(POSTGRES_URL, heartbeat=None)

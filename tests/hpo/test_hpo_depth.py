@@ -17,23 +17,36 @@ from trainopt.hpo.plots import plot_isolation
 from trainopt.hpo.study import isolation
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-DISTRIBUTIONS = {"wd": CategoricalDistribution([0.0, 1e-3, 1e-2]), "lr": FloatDistribution(1e-4, 1.0, log=True)}
+DISTRIBUTIONS = {
+    "wd": CategoricalDistribution([0.0, 1e-3, 1e-2]),
+    "lr": FloatDistribution(1e-4, 1.0, log=True),
+}
 
 
 def _study(direction: str, rows: list[tuple[float, float, float | None, str]]) -> optuna.Study:
     study = optuna.create_study(direction=direction)
     for wd, lr, value, state in rows:
-        study.add_trial(optuna.trial.create_trial(
-            params={"wd": wd, "lr": lr}, distributions=DISTRIBUTIONS, value=value,
-            state=getattr(optuna.trial.TrialState, state)))
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"wd": wd, "lr": lr},
+                distributions=DISTRIBUTIONS,
+                value=value,
+                state=getattr(optuna.trial.TrialState, state),
+            )
+        )
     return study
 
 
 ROWS = [
-    (0.0, 1e-3, 0.50, "COMPLETE"), (0.0, 1e-2, 0.30, "COMPLETE"), (0.0, 1e-1, 0.90, "COMPLETE"),
-    (1e-3, 1e-3, 0.40, "COMPLETE"), (1e-3, 1e-2, 0.35, "COMPLETE"),
-    (1e-2, 1e-3, 0.20, "COMPLETE"), (1e-2, 1e-2, 0.60, "COMPLETE"),
-    (1e-3, 3e-2, None, "PRUNED"), (1e-2, 3e-2, None, "FAIL"),
+    (0.0, 1e-3, 0.50, "COMPLETE"),
+    (0.0, 1e-2, 0.30, "COMPLETE"),
+    (0.0, 1e-1, 0.90, "COMPLETE"),
+    (1e-3, 1e-3, 0.40, "COMPLETE"),
+    (1e-3, 1e-2, 0.35, "COMPLETE"),
+    (1e-2, 1e-3, 0.20, "COMPLETE"),
+    (1e-2, 1e-2, 0.60, "COMPLETE"),
+    (1e-3, 3e-2, None, "PRUNED"),
+    (1e-2, 3e-2, None, "FAIL"),
 ]
 
 
@@ -65,15 +78,20 @@ def _pending_spread(sampler: optuna.samplers.BaseSampler, seed: int) -> float:
     box = {"x": FloatDistribution(0, 1), "y": FloatDistribution(0, 1)}
     for _ in range(12):
         x, y = rng.random(), rng.random()
-        study.add_trial(optuna.trial.create_trial(params={"x": x, "y": y}, distributions=box,
-                                                  value=(x - 0.3) ** 2 + (y - 0.6) ** 2))
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"x": x, "y": y}, distributions=box, value=(x - 0.3) ** 2 + (y - 0.6) ** 2
+            )
+        )
     points = [tuple(study.ask(box).params.values()) for _ in range(8)]
     return statistics.mean(math.dist(a, b) for a, b in itertools.combinations(points, 2))
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_tpe_sampler_spreads_the_points_of_workers_that_ask_at_once(seed: int) -> None:
-    without = _pending_spread(optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=False), seed)
+    without = _pending_spread(
+        optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=False), seed
+    )
     assert _pending_spread(make_sampler("tpe", seed=seed), seed) > 2 * without
 
 
@@ -86,10 +104,24 @@ def _curves(trial: optuna.Trial, params: dict) -> float:
     return loss
 
 
-@pytest.mark.parametrize("name, rungs", [("successive-halving", {1, 4, 16}), ("hyperband", {1, 3, 9, 27})])
-def test_pruned_trials_stop_only_at_the_rungs_min_resource_times_eta_to_the_k(name: str, rungs: set) -> None:
-    space = SearchSpace.from_dict({"rate": {"type": "float", "low": 0.01, "high": 1.0, "log": True}})
-    study = tune(_curves, space, 27, study_name=name, storage=":memory:", sampler="random",
-                 pruner=make_pruner(name, n_warmup_steps=1), seed=0)
+@pytest.mark.parametrize(
+    "name, rungs", [("successive-halving", {1, 4, 16}), ("hyperband", {1, 3, 9, 27})]
+)
+def test_pruned_trials_stop_only_at_the_rungs_min_resource_times_eta_to_the_k(
+    name: str, rungs: set
+) -> None:
+    space = SearchSpace.from_dict(
+        {"rate": {"type": "float", "low": 0.01, "high": 1.0, "log": True}}
+    )
+    study = tune(
+        _curves,
+        space,
+        27,
+        study_name=name,
+        storage=":memory:",
+        sampler="random",
+        pruner=make_pruner(name, n_warmup_steps=1),
+        seed=0,
+    )
     stops = {max(t.intermediate_values) for t in study.trials if t.state.name == "PRUNED"}
     assert stops and stops <= rungs

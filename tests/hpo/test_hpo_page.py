@@ -36,17 +36,29 @@ def console_block(containing: str) -> list[str]:
 
 
 def _run(commands: list[str], folder: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    return subprocess.run(["bash", "-c", "set -e\n" + "\n".join(commands)], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    return subprocess.run(
+        ["bash", "-c", "set -e\n" + "\n".join(commands)],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_page_shows_the_config_that_the_tests_load() -> None:
     text = PAGE.read_text()
     included = re.findall(r"```\{literalinclude\} (\S+)", text)
     # the cluster scripts are run and parsed by tests/hpo/test_hpo_cluster.py
-    assert included == ["../../../src/trainopt/data/hpo_digits.yaml", "hpo-cluster/hpo-slurm.sh",
-                        "hpo-cluster/hpo-indexed-job.yaml"]
+    assert included == [
+        "../../../src/trainopt/data/hpo_digits.yaml",
+        "hpo-cluster/hpo-slurm.sh",
+        "hpo-cluster/hpo-indexed-job.yaml",
+    ]
     assert all((PAGE.parent / name).is_file() for name in included)
     config = load_hpo_config(PAGE.parent / included[0])
     assert config.name == "digits" and config.sampler == "tpe" and config.pruner == "median"
@@ -60,9 +72,13 @@ def test_single_machine_recipe_runs_and_ends_with_exactly_the_budget(tmp_path: P
     result = _run(commands, tmp_path)
     assert result.returncode == 0, result.stderr
     n_trials = int(commands[1].split("--n-trials ")[1].split()[0])
-    study = optuna.load_study(study_name="digits", storage=open_storage(f"sqlite:///{tmp_path / 'digits.db'}"))
+    study = optuna.load_study(
+        study_name="digits", storage=open_storage(f"sqlite:///{tmp_path / 'digits.db'}")
+    )
     states = [t.state for t in study.get_trials(deepcopy=False)]
-    assert len(states) == n_trials and all(s in (TrialState.COMPLETE, TrialState.PRUNED) for s in states)
+    assert len(states) == n_trials and all(
+        s in (TrialState.COMPLETE, TrialState.PRUNED) for s in states
+    )
     assert (tmp_path / "digits-plots" / "digits-history.png").exists()
     # the create step and every worker print the study's summary (`wait` hides a worker's status)
     assert result.stdout.count(f"study digits: {n_trials} trials") == len(commands) - 2
@@ -78,7 +94,6 @@ def test_many_machines_recipe_parses_with_a_postgresql_url() -> None:
     assert create.config == worker.config == "hpo_digits.yaml"
 
 
-
 def test_own_objective_recipe_runs_in_the_folder_of_the_module(tmp_path: Path) -> None:
     """The page writes ``my_train.py`` and ``my_tuning.yaml``; its command tunes them from their folder."""
     text = PAGE.read_text()
@@ -91,7 +106,11 @@ def test_own_objective_recipe_runs_in_the_folder_of_the_module(tmp_path: Path) -
     result = _run(commands, tmp_path)
     assert result.returncode == 0, result.stderr
     n_trials = int(commands[0].split("--n-trials ")[1].split()[0])
-    study = optuna.load_study(study_name="my_tuning", storage=open_storage(f"sqlite:///{tmp_path / 'my_tuning.db'}"))
+    study = optuna.load_study(
+        study_name="my_tuning", storage=open_storage(f"sqlite:///{tmp_path / 'my_tuning.db'}")
+    )
     states = [t.state for t in study.get_trials(deepcopy=False)]
-    assert len(states) == n_trials and all(s in (TrialState.COMPLETE, TrialState.PRUNED) for s in states)
+    assert len(states) == n_trials and all(
+        s in (TrialState.COMPLETE, TrialState.PRUNED) for s in states
+    )
     assert f"study my_tuning: {n_trials} trials" in result.stdout

@@ -50,13 +50,23 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _run_workers(tmp_path: Path, budget: int, n_trials: int, mode: str, workers: int = 2) -> list[TrialState]:
+def _run_workers(
+    tmp_path: Path, budget: int, n_trials: int, mode: str, workers: int = 2
+) -> list[TrialState]:
     url = f"sqlite:///{tmp_path / 'plain.db'}"
     create_study("plain", budget, url, sampler="random", pruner=None, heartbeat=None)
     (tmp_path / "worker.py").write_text(WORKER)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    processes = [subprocess.Popen([sys.executable, "worker.py", url, str(n_trials), mode], cwd=tmp_path, env=env,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(workers)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "worker.py", url, str(n_trials), mode],
+            cwd=tmp_path,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(workers)
+    ]
     for process in processes:
         _, stderr = process.communicate(timeout=180)
         assert process.returncode == 0, stderr
@@ -65,7 +75,9 @@ def _run_workers(tmp_path: Path, budget: int, n_trials: int, mode: str, workers:
     return [t.state for t in study.trials]
 
 
-def test_plain_optimize_in_each_process_runs_its_own_n_trials_past_the_budget(tmp_path: Path) -> None:
+def test_plain_optimize_in_each_process_runs_its_own_n_trials_past_the_budget(
+    tmp_path: Path,
+) -> None:
     states = _run_workers(tmp_path, budget=3, n_trials=3, mode="plain")
     assert states == [TrialState.COMPLETE] * 6  # 2 processes x 3 trials, on a budget of 3
 
@@ -79,9 +91,14 @@ def test_max_trials_callback_counts_after_a_trial_so_a_worker_overshoots() -> No
     """Two workers, in slow motion: one holds a trial while the other's callback counts."""
     study = create_study("callback", 2, ":memory:", sampler="random", pruner=None)
     held = study.ask()  # the other worker's trial, still running
-    study.optimize(lambda trial: trial.suggest_float("x", 0.0, 1.0), n_trials=10,
-                   callbacks=[MaxTrialsCallback(2, states=FINISHED)])
+    study.optimize(
+        lambda trial: trial.suggest_float("x", 0.0, 1.0),
+        n_trials=10,
+        callbacks=[MaxTrialsCallback(2, states=FINISHED)],
+    )
     study.tell(held, 0.5)
     assert len(study.get_trials(states=FINISHED)) == 3  # a budget of 2
     # by default it counts COMPLETE trials only: pruned and failed ones would not count at all
-    assert inspect.signature(MaxTrialsCallback).parameters["states"].default == (TrialState.COMPLETE,)
+    assert inspect.signature(MaxTrialsCallback).parameters["states"].default == (
+        TrialState.COMPLETE,
+    )

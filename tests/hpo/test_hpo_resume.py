@@ -21,15 +21,15 @@ import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
+from storages import storage_urls
 
-from storages import POSTGRES_URL, storage_urls
 from trainopt.hpo import SearchSpace, budget_trials, create_study, open_storage, run_worker
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 X = SearchSpace.from_dict({"x": {"type": "float", "low": 0.0, "high": 1.0}})
 
-OBJECTIVE = '''
+OBJECTIVE = """
 import os, time
 from pathlib import Path
 
@@ -41,7 +41,7 @@ def objective(trial, params):
         time.sleep(float(os.environ.get("RESUME_TEST_SLEEP", "60")))
     time.sleep(float(os.environ.get("RESUME_TEST_STEP", "0")))
     return params["x"]
-'''
+"""
 
 
 url = storage_urls("resume")
@@ -52,18 +52,43 @@ def _folder(tmp_path: Path, seed: int = 0) -> Path:
     worker starved by load for a minute, not for 2 s, before another takes its trial for dead
     (which would add a trial and break the counts)."""
     (tmp_path / "resume_objective.py").write_text(OBJECTIVE)
-    config = {"objective": "resume_objective:objective",
-              "study": {"name": "resume", "sampler": "random", "pruner": None, "seed": seed, "heartbeat": 30},
-              "search_space": {"x": {"type": "float", "low": 0.0, "high": 1.0}}}
+    config = {
+        "objective": "resume_objective:objective",
+        "study": {
+            "name": "resume",
+            "sampler": "random",
+            "pruner": None,
+            "seed": seed,
+            "heartbeat": 30,
+        },
+        "search_space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
+    }
     (tmp_path / "resume.yaml").write_text(yaml.safe_dump(config))
     return tmp_path
 
 
 def _cli(folder: Path, url: str, name: str, *args: str, **env: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "trainopt.hpo", "resume.yaml", "--storage", url, "--study-name", name,
-               "--no-progress", "--no-plots", *args]
-    return subprocess.Popen(command, cwd=folder, env={**os.environ, **env}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "trainopt.hpo",
+        "resume.yaml",
+        "--storage",
+        url,
+        "--study-name",
+        name,
+        "--no-progress",
+        "--no-plots",
+        *args,
+    ]
+    return subprocess.Popen(
+        command,
+        cwd=folder,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _done(process: subprocess.Popen, status: int = 0) -> str:
@@ -89,11 +114,15 @@ def _study(url: str, name: str) -> optuna.Study:
 
 def _check_the_budget(study: optuna.Study, n_trials: int) -> None:
     budget = budget_trials(study)
-    assert len(budget) == n_trials and all(t.state in FINISHED for t in budget), [t.state for t in budget]
+    assert len(budget) == n_trials and all(t.state in FINISHED for t in budget), [
+        t.state for t in budget
+    ]
     assert not study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
 
 
-def test_a_worker_killed_between_its_claim_and_its_first_heartbeat_holds_no_slot(url: str, tmp_path: Path) -> None:
+def test_a_worker_killed_between_its_claim_and_its_first_heartbeat_holds_no_slot(
+    url: str, tmp_path: Path
+) -> None:
     name = f"resume-{uuid.uuid4().hex[:8]}"
     create_study(name, 3, url, sampler="random", pruner=None, heartbeat=1)
     script = (
@@ -105,7 +134,9 @@ def test_a_worker_killed_between_its_claim_and_its_first_heartbeat_holds_no_slot
         "run_worker(study, SearchSpace.from_dict({'x': {'type': 'float', 'low': 0.0, 'high': 1.0}}),\n"
         "           lambda trial, params: params['x'])\n"
     )
-    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
+    killed = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     study = _study(url, name)
     assert [t.state for t in study.trials] == [TrialState.RUNNING], "the claim was not made"
@@ -118,7 +149,9 @@ def test_four_processes_that_each_top_up_to_10_leave_10_trials(url: str, tmp_pat
     folder, name = _folder(tmp_path), f"resume-{uuid.uuid4().hex[:8]}"
     if url.startswith("sqlite"):  # the database file and its tables exist before the race
         create_study(name, 1, url, sampler="random", pruner=None, heartbeat=1)
-    workers = [_cli(folder, url, name, "--n-trials", "10", RESUME_TEST_STEP="0.05") for _ in range(4)]
+    workers = [
+        _cli(folder, url, name, "--n-trials", "10", RESUME_TEST_STEP="0.05") for _ in range(4)
+    ]
     for worker in workers:
         _done(worker)
     study = _study(url, name)
@@ -126,25 +159,38 @@ def test_four_processes_that_each_top_up_to_10_leave_10_trials(url: str, tmp_pat
     _check_the_budget(study, 10)
 
 
-def test_a_second_run_and_two_workers_that_join_with_one_seed_draw_new_points(tmp_path: Path) -> None:
+def test_a_second_run_and_two_workers_that_join_with_one_seed_draw_new_points(
+    tmp_path: Path,
+) -> None:
     folder, url = _folder(tmp_path), f"sqlite:///{tmp_path / 'again.db'}"
     _done(_cli(folder, url, "again", "--n-trials", "4"))
     _done(_cli(folder, url, "again", "--n-trials", "8"))
     _done(_cli(folder, url, "again", "--n-trials", "12", "--create-only"))
-    joined = [_cli(folder, url, "again", RESUME_TEST_STEP="0.3") for _ in range(2)]  # same config, same seed
+    joined = [
+        _cli(folder, url, "again", RESUME_TEST_STEP="0.3") for _ in range(2)
+    ]  # same config, same seed
     for worker in joined:
         _done(worker)
     study = _study(url, "again")
     points = [t.params["x"] for t in study.trials]
-    assert len(points) == 12 and len(set(points)) == 12, "a run or a worker replayed another's points"
-    assert len({t.user_attrs["worker"] for t in study.trials[8:]}) == 2, "both joined workers ran trials"
+    assert len(points) == 12 and len(set(points)) == 12, (
+        "a run or a worker replayed another's points"
+    )
+    assert len({t.user_attrs["worker"] for t in study.trials[8:]}) == 2, (
+        "both joined workers ran trials"
+    )
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
-def test_a_stopped_worker_costs_no_slot_and_its_restart_draws_new_points(stop: int, tmp_path: Path) -> None:
+def test_a_stopped_worker_costs_no_slot_and_its_restart_draws_new_points(
+    stop: int, tmp_path: Path
+) -> None:
     folder, url = _folder(tmp_path), f"sqlite:///{tmp_path / 'stop.db'}"
-    run_worker(create_study("stop", 2, url, sampler="random", pruner=None, heartbeat=1), X,
-               lambda trial, params: params["x"])  # as the config's seed 0 would
+    run_worker(
+        create_study("stop", 2, url, sampler="random", pruner=None, heartbeat=1),
+        X,
+        lambda trial, params: params["x"],
+    )  # as the config's seed 0 would
     create_study("stop", 4, url, sampler="random", pruner=None, heartbeat=1)
     worker = _cli(folder, url, "stop", RESUME_TEST_STARTED=str(folder / "started"))
     stopped = _started(folder, worker)
@@ -155,6 +201,8 @@ def test_a_stopped_worker_costs_no_slot_and_its_restart_draws_new_points(stop: i
     study = _study(url, "stop")
     _check_the_budget(study, 4)
     retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == stopped]
-    assert len(retried) == 1 and retried[0].params == study.trials[stopped].params, "not queued again"
+    assert len(retried) == 1 and retried[0].params == study.trials[stopped].params, (
+        "not queued again"
+    )
     fresh = [t.params["x"] for t in budget_trials(study) if "failed_trial" not in t.system_attrs]
     assert len(set(fresh)) == len(fresh) == 3, "the restart replayed earlier points"

@@ -22,9 +22,21 @@ import yaml
 
 from trainopt.config.cli import run_command
 from trainopt.hpo.cli import main
-from trainopt.hpo.plots import importance_evaluator, plot_contour, plot_importances, plot_parallel, save_plots
+from trainopt.hpo.plots import (
+    importance_evaluator,
+    plot_contour,
+    plot_importances,
+    plot_parallel,
+    save_plots,
+)
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "training-optimization" / "hyperparameter-optimization.md"
+PAGE = (
+    Path(__file__).resolve().parents[2]
+    / "docs"
+    / "guides"
+    / "training-optimization"
+    / "hyperparameter-optimization.md"
+)
 
 
 def _free_port() -> int:
@@ -41,26 +53,38 @@ def _get(url: str) -> dict:
 def _dashboard_command() -> list[str]:
     """The page's optuna-dashboard command."""
     blocks = re.findall(r"^```console\n(.*?)^```", PAGE.read_text(), flags=re.M | re.S)
-    commands = [line[2:] for block in blocks for line in block.splitlines() if line.startswith("$ optuna-dashboard")]
+    commands = [
+        line[2:]
+        for block in blocks
+        for line in block.splitlines()
+        if line.startswith("$ optuna-dashboard")
+    ]
     assert len(commands) == 1, commands
     return shlex.split(commands[0])
 
 
-def test_optuna_dashboard_sees_the_trials_of_a_study_the_command_line_made(tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_optuna_dashboard_sees_the_trials_of_a_study_the_command_line_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
-    config = {"study": {"name": "digits", "sampler": "random", "pruner": None},
-              "training": {"steps": 10, "report_every": 5},
-              "search_space": {"lr": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True}}}
+    config = {
+        "study": {"name": "digits", "sampler": "random", "pruner": None},
+        "training": {"steps": 10, "report_every": 5},
+        "search_space": {"lr": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True}},
+    }
     (tmp_path / "digits.yaml").write_text(yaml.safe_dump(config))
     assert run_command(main, ["digits.yaml", "--n-trials", "3", "--no-plots", "--no-progress"]) == 0
 
     command = _dashboard_command()
-    assert command[1] == "sqlite:///digits.db" and command[command.index("--host") + 1] == "127.0.0.1"
+    assert (
+        command[1] == "sqlite:///digits.db" and command[command.index("--host") + 1] == "127.0.0.1"
+    )
     port = _free_port()
     command[command.index("--port") + 1] = str(port)
     command[0] = str(Path(sys.executable).parent / "optuna-dashboard")
-    server = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         end = time.monotonic() + 90
         while True:
@@ -73,8 +97,11 @@ def test_optuna_dashboard_sees_the_trials_of_a_study_the_command_line_made(tmp_p
                 time.sleep(0.3)
         assert [(s["study_name"], s["directions"]) for s in studies] == [("digits", ["minimize"])]
         detail = _get(f"http://127.0.0.1:{port}/api/studies/{studies[0]['study_id']}")
-        assert [(t["number"], t["state"]) for t in detail["trials"]] == [(0, "Complete"), (1, "Complete"),
-                                                                         (2, "Complete")]
+        assert [(t["number"], t["state"]) for t in detail["trials"]] == [
+            (0, "Complete"),
+            (1, "Complete"),
+            (2, "Complete"),
+        ]
         assert len(detail["best_trials"]) == 1 and detail["trials"][0]["params"][0]["name"] == "lr"
     finally:
         server.terminate()
@@ -90,8 +117,14 @@ def quadratic() -> optuna.Study:
     """x matters, y barely, z not at all."""
     study = optuna.create_study(study_name="q", sampler=optuna.samplers.RandomSampler(seed=0))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study.optimize(lambda t: 4 * t.suggest_float("x", -1, 1) ** 2 + 0.05 * t.suggest_float("y", -1, 1)
-                   + 0 * t.suggest_float("z", -1, 1), n_trials=40)
+    study.optimize(
+        lambda t: (
+            4 * t.suggest_float("x", -1, 1) ** 2
+            + 0.05 * t.suggest_float("y", -1, 1)
+            + 0 * t.suggest_float("z", -1, 1)
+        ),
+        n_trials=40,
+    )
     return study
 
 
@@ -100,19 +133,34 @@ def test_importances_are_ped_anova_on_every_optuna_in_the_range(quadratic: optun
     assert type(importance_evaluator()) is optuna.importance.PedAnovaImportanceEvaluator
     expected = optuna.importance.get_param_importances(quadratic, evaluator=importance_evaluator())
     ax = plot_importances(quadratic).axes[0]
-    shown = {label.get_text(): bar.get_width() for label, bar in zip(ax.get_yticklabels(), ax.patches)}
+    shown = {
+        label.get_text(): bar.get_width() for label, bar in zip(ax.get_yticklabels(), ax.patches)
+    }
     plt.close("all")
     assert shown == pytest.approx(expected, abs=0.01) and max(shown, key=shown.get) == "x"
 
 
-def test_parallel_and_contour_plots_draw_without_warnings(quadratic: optuna.Study, tmp_path: Path) -> None:
+def test_parallel_and_contour_plots_draw_without_warnings(
+    quadratic: optuna.Study, tmp_path: Path
+) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         parallel = plot_parallel(quadratic)
         contour = plot_contour(quadratic)  # the two parameters PED-ANOVA ranks highest
     assert parallel.axes[0].get_title() == "Parallel Coordinate Plot"
-    top_two = list(optuna.importance.get_param_importances(quadratic, evaluator=importance_evaluator()))[:2]
-    assert [contour.axes[0].get_xlabel(), contour.axes[0].get_ylabel()] == top_two and "x" in top_two
+    top_two = list(
+        optuna.importance.get_param_importances(quadratic, evaluator=importance_evaluator())
+    )[:2]
+    assert [
+        contour.axes[0].get_xlabel(),
+        contour.axes[0].get_ylabel(),
+    ] == top_two and "x" in top_two
     plt.close("all")
     names = [p.name for p in save_plots(quadratic, tmp_path)]
-    assert names == ["q-history.png", "q-intermediate.png", "q-importances.png", "q-parallel.png", "q-contour.png"]
+    assert names == [
+        "q-history.png",
+        "q-intermediate.png",
+        "q-importances.png",
+        "q-parallel.png",
+        "q-contour.png",
+    ]

@@ -77,8 +77,14 @@ def meet_the_other_workers():
 # a 4 s stall added a trial); the killed worker's trial fails 10 s after its last beat.
 CONFIG = {
     "objective": "tuning_objective:objective",
-    "study": {"name": "workers", "sampler": "random", "pruner": "median", "prune_after": 0, "seed": 0,
-              "heartbeat": 5},
+    "study": {
+        "name": "workers",
+        "sampler": "random",
+        "pruner": "median",
+        "prune_after": 0,
+        "seed": 0,
+        "heartbeat": 5,
+    },
     "fixed": {"steps": 5, "seconds_per_step": 0.1},
     "search_space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
 }
@@ -95,7 +101,9 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path):
     else:
         if not POSTGRES_URL:
             if in_ci():
-                pytest.fail("CI is set but TRAINOPT_POSTGRES_URL is not: .ci/run must start PostgreSQL")
+                pytest.fail(
+                    "CI is set but TRAINOPT_POSTGRES_URL is not: .ci/run must start PostgreSQL"
+                )
             pytest.skip("no PostgreSQL server: set TRAINOPT_POSTGRES_URL (.ci/run starts one)")
         yield POSTGRES_URL, names
         for name in names:
@@ -119,16 +127,41 @@ def _create(folder: Path, url: str, names: list[str], n_trials: int) -> str:
     finally:
         sys.path.remove(str(folder))
         sys.modules.pop("tuning_objective", None)  # each test's workers have their own folder
-    create_study(name, n_trials, url, directions=config.directions, sampler=config.sampler,
-                 pruner=config.make_pruner(), seed=config.seed, heartbeat=config.heartbeat)
+    create_study(
+        name,
+        n_trials,
+        url,
+        directions=config.directions,
+        sampler=config.sampler,
+        pruner=config.make_pruner(),
+        seed=config.seed,
+        heartbeat=config.heartbeat,
+    )
     return name
 
 
 def _worker(folder: Path, url: str, name: str, workers: int = 2, **env: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "trainopt.hpo", "workers.yaml", "--storage", url, "--study-name", name,
-               "--no-progress", "--no-plots"]
-    env = {**os.environ, "TUNING_TEST_BARRIER": str(folder / "barrier"), "TUNING_TEST_WORKERS": str(workers), **env}
-    return subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "trainopt.hpo",
+        "workers.yaml",
+        "--storage",
+        url,
+        "--study-name",
+        name,
+        "--no-progress",
+        "--no-plots",
+    ]
+    env = {
+        **os.environ,
+        "TUNING_TEST_BARRIER": str(folder / "barrier"),
+        "TUNING_TEST_WORKERS": str(workers),
+        **env,
+    }
+    return subprocess.Popen(
+        command, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _wait(workers: list[subprocess.Popen]) -> None:
@@ -140,7 +173,9 @@ def _wait(workers: list[subprocess.Popen]) -> None:
 def _check_the_budget(study: optuna.Study, n_trials: int) -> None:
     """Exactly ``n_trials`` trials fill the budget, each complete or pruned; nothing is left to run."""
     budget = budget_trials(study)
-    assert len(budget) == n_trials and all(t.state in FINISHED for t in budget), [t.state for t in budget]
+    assert len(budget) == n_trials and all(t.state in FINISHED for t in budget), [
+        t.state for t in budget
+    ]
     assert not study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
 
 
@@ -153,14 +188,21 @@ def _pruned_on_others_results(study: optuna.Study) -> list[int]:
     trials = study.get_trials(deepcopy=False)
     found = []
     for pruned in (t for t in trials if t.state == TrialState.PRUNED):
-        own = [t for t in trials if t.state == TrialState.COMPLETE and t.datetime_complete < pruned.datetime_complete
-               and t.user_attrs["worker"] == pruned.user_attrs["worker"]]
+        own = [
+            t
+            for t in trials
+            if t.state == TrialState.COMPLETE
+            and t.datetime_complete < pruned.datetime_complete
+            and t.user_attrs["worker"] == pruned.user_attrs["worker"]
+        ]
         if len(own) < STARTUP:
             found.append(pruned.number)
     return found
 
 
-def test_two_workers_run_the_budget_and_prune_with_each_others_results(storage, tmp_path: Path) -> None:
+def test_two_workers_run_the_budget_and_prune_with_each_others_results(
+    storage, tmp_path: Path
+) -> None:
     url, names = storage
     folder = _folder(tmp_path)
     name = _create(folder, url, names, n_trials=10)
@@ -193,16 +235,24 @@ def test_a_killed_workers_trial_fails_and_its_slot_runs_again(storage, tmp_path:
     _check_the_budget(study, 6)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
-        retries = [t for t in trials
-                   if optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t) == held.number]
+        retries = [
+            t
+            for t in trials
+            if optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t)
+            == held.number
+        ]
     assert len(retries) == 1 and retries[0].state in FINISHED and retries[0].params == held.params
     assert len(trials) == 7 and held not in budget_trials(study)
     survivors = {t.user_attrs["worker"] for t in budget_trials(study)}
     assert len(survivors) == 2 and held.user_attrs["worker"] not in survivors
-    counts = {s.name: sum(t.state == s for t in trials)
-              for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
-    print(f"SIGKILL on {url.split(':')[0]}: {len(trials)} trials, {counts}, killed #{held.number}, retried as "
-          f"#{retries[0].number}")
+    counts = {
+        s.name: sum(t.state == s for t in trials)
+        for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    }
+    print(
+        f"SIGKILL on {url.split(':')[0]}: {len(trials)} trials, {counts}, killed #{held.number}, retried as "
+        f"#{retries[0].number}"
+    )
 
 
 def test_four_workers_on_a_plain_sqlite_url_are_refused(tmp_path: Path) -> None:
@@ -223,10 +273,23 @@ def test_four_workers_on_a_plain_sqlite_url_are_refused(tmp_path: Path) -> None:
         "run_worker(study, space, objective, reseed=True)\n"
     )
     (folder / "runs").mkdir()
-    env = {**os.environ, "TUNING_TEST_BARRIER": str(folder / "barrier"), "TUNING_TEST_WORKERS": "4",
-           "TUNING_TEST_RUNS": str(folder / "runs")}
-    workers = [subprocess.Popen([sys.executable, "-c", script], cwd=folder, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    env = {
+        **os.environ,
+        "TUNING_TEST_BARRIER": str(folder / "barrier"),
+        "TUNING_TEST_WORKERS": "4",
+        "TUNING_TEST_RUNS": str(folder / "runs"),
+    }
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            cwd=folder,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
     outputs = [w.communicate(timeout=240) for w in workers]
     assert all(w.returncode == 0 for w in workers), [err for _, err in outputs]
     assert all("refused:" in out and "open_storage" in out for out, _ in outputs)
@@ -242,9 +305,23 @@ def test_a_larger_n_trials_tops_the_study_up_and_workers_join_it(tmp_path: Path)
     url = f"sqlite:///{folder / 'topup.db'}"
 
     def run(*args: str) -> str:
-        result = subprocess.run([sys.executable, "-m", "trainopt.hpo", "workers.yaml", "--storage", url,
-                                 "--no-progress", "--no-plots", *args], cwd=folder, capture_output=True,
-                                text=True, timeout=240)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trainopt.hpo",
+                "workers.yaml",
+                "--storage",
+                url,
+                "--no-progress",
+                "--no-plots",
+                *args,
+            ],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert result.returncode == 0, result.stderr
         return result.stdout
 
@@ -260,7 +337,22 @@ def test_a_larger_n_trials_tops_the_study_up_and_workers_join_it(tmp_path: Path)
 def test_a_worker_without_a_study_says_how_to_create_one(tmp_path: Path) -> None:
     folder = _folder(tmp_path)
     result = subprocess.run(
-        [sys.executable, "-m", "trainopt.hpo", "workers.yaml", "--storage", f"sqlite:///{folder / 'none.db'}",
-         "--study-name", "missing"], capture_output=True, text=True, cwd=folder, timeout=120)
-    assert result.returncode == 2 and result.stderr.startswith("error: --study-name: no study 'missing'")
+        [
+            sys.executable,
+            "-m",
+            "trainopt.hpo",
+            "workers.yaml",
+            "--storage",
+            f"sqlite:///{folder / 'none.db'}",
+            "--study-name",
+            "missing",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        timeout=120,
+    )
+    assert result.returncode == 2 and result.stderr.startswith(
+        "error: --study-name: no study 'missing'"
+    )
     assert "create it with --n-trials" in result.stderr and result.stderr.count("\n") == 1

@@ -42,7 +42,11 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def _url(kind: str, tmp_path: Path) -> str:
-    urls = {"memory": ":memory:", "sqlite": f"sqlite:///{tmp_path}/c.db", "journal": f"journal:{tmp_path}/c.log"}
+    urls = {
+        "memory": ":memory:",
+        "sqlite": f"sqlite:///{tmp_path}/c.db",
+        "journal": f"journal:{tmp_path}/c.log",
+    }
     return urls[kind]
 
 
@@ -66,8 +70,12 @@ def test_storage_of_sees_the_plain_storage_of_a_sqlite_url(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("kind", ["memory", "sqlite", "journal"])
-def test_ask_claims_only_waiting_trials_while_the_budget_is_claimed(kind: str, tmp_path: Path) -> None:
-    study = create_study("veto", 2, _url(kind, tmp_path), sampler="random", pruner=None, heartbeat=None)
+def test_ask_claims_only_waiting_trials_while_the_budget_is_claimed(
+    kind: str, tmp_path: Path
+) -> None:
+    study = create_study(
+        "veto", 2, _url(kind, tmp_path), sampler="random", pruner=None, heartbeat=None
+    )
     with waiting_trials_only():
         claimed = [study.ask().number, study.ask().number]
         with pytest.raises(BudgetSpent):
@@ -80,12 +88,16 @@ def test_ask_claims_only_waiting_trials_while_the_budget_is_claimed(kind: str, t
 
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
 def test_optimize_drives_the_heartbeat_of_a_claimed_trial(kind: str, tmp_path: Path) -> None:
-    study = create_study("beats", 1, _url(kind, tmp_path), sampler="random", pruner=None, heartbeat=1)
+    study = create_study(
+        "beats", 1, _url(kind, tmp_path), sampler="random", pruner=None, heartbeat=1
+    )
     storage = storage_of(study)
     seen = []
 
     def objective(trial: optuna.Trial) -> float:
-        time.sleep(1.5)  # the claim is the first beat; the thread's next one comes a heartbeat later
+        time.sleep(
+            1.5
+        )  # the claim is the first beat; the thread's next one comes a heartbeat later
         seen.append(_last_beat(storage, study, trial))
         time.sleep(2.5)
         seen.append(_last_beat(storage, study, trial))
@@ -123,14 +135,21 @@ def _last_beat(storage, study: optuna.Study, trial: optuna.Trial) -> object:
     if isinstance(storage, optuna.storages.RDBStorage):
         with storage.engine.connect() as connection:
             return connection.exec_driver_sql(
-                "SELECT heartbeat FROM trial_heartbeats WHERE trial_id = ?", (trial._trial_id,)).scalar()
+                "SELECT heartbeat FROM trial_heartbeats WHERE trial_id = ?", (trial._trial_id,)
+            ).scalar()
     return study.get_trials(deepcopy=False)[trial.number].system_attrs.get(HEARTBEAT_ATTR)
 
 
-@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+@pytest.mark.filterwarnings(
+    "ignore:Heartbeat of storage is supposed to be used with Study.optimize"
+)
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
-def test_fail_stale_trials_fails_a_silent_trial_and_queues_it_again(kind: str, tmp_path: Path) -> None:
-    study = create_study("stale", 2, _url(kind, tmp_path), sampler="random", pruner=None, heartbeat=1)
+def test_fail_stale_trials_fails_a_silent_trial_and_queues_it_again(
+    kind: str, tmp_path: Path
+) -> None:
+    study = create_study(
+        "stale", 2, _url(kind, tmp_path), sampler="random", pruner=None, heartbeat=1
+    )
     with waiting_trials_only():
         lost = study.ask()  # claimed, and its worker "dies": no heartbeat after the claim's own
     lost.suggest_float("x", 0.0, 1.0)
@@ -140,8 +159,22 @@ def test_fail_stale_trials_fails_a_silent_trial_and_queues_it_again(kind: str, t
         optuna.storages.fail_stale_trials(study)
         trials = study.trials
         assert trials[lost.number].state == TrialState.FAIL
-        retries = [t for t in trials
-                   if optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t) == lost.number]
-    assert len(retries) == 1 and retries[0].state == TrialState.WAITING and retries[0].params == lost.params
-    assert run_worker(study, X, lambda trial, params: params["x"]) == {"COMPLETE": 2, "PRUNED": 0, "FAIL": 0}
-    assert study.trials[retries[0].number].params == lost.params  # the retry ran the lost trial's params
+        retries = [
+            t
+            for t in trials
+            if optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t)
+            == lost.number
+        ]
+    assert (
+        len(retries) == 1
+        and retries[0].state == TrialState.WAITING
+        and retries[0].params == lost.params
+    )
+    assert run_worker(study, X, lambda trial, params: params["x"]) == {
+        "COMPLETE": 2,
+        "PRUNED": 0,
+        "FAIL": 0,
+    }
+    assert (
+        study.trials[retries[0].number].params == lost.params
+    )  # the retry ran the lost trial's params

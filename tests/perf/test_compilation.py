@@ -13,9 +13,14 @@ import torch
 
 from trainopt.models import GPT, Block, gpt_config
 from trainopt.perf.bench.cli import main
+from trainopt.perf.compilation import (
+    GraphCounter,
+    compile_repeated_blocks,
+    count_compilations,
+    graph_breaks,
+    measure_compile,
+)
 from trainopt_site.perf.bench.report import render
-from trainopt.perf.compilation import (GraphCounter, compile_repeated_blocks, count_compilations, graph_breaks,
-                                       measure_compile)
 
 
 @pytest.fixture(autouse=True)
@@ -64,8 +69,16 @@ def test_regional_compilation_traces_one_block_for_all_and_matches_eager() -> No
 
 
 def test_measure_compile_rows_and_break_even() -> None:
-    results = measure_compile(batch_size=2, seq_len=8, modes=("default",), backend="aot_eager", steps=1, windows=2,
-                              warmup_steps=1, max_warmup_steps=2)
+    results = measure_compile(
+        batch_size=2,
+        seq_len=8,
+        modes=("default",),
+        backend="aot_eager",
+        steps=1,
+        windows=2,
+        warmup_steps=1,
+        max_warmup_steps=2,
+    )
     eager, compiled = results["rows"]
     assert eager["mode"] == "eager" and eager["compile_s"] is None and eager["speedup"] == 1.0
     assert compiled["compile_s"] > 0 and compiled["graphs"] == 1
@@ -78,8 +91,28 @@ def test_measure_compile_rows_and_break_even() -> None:
 def test_the_compile_subcommand_writes_a_compile_results_file(tmp_path: Path) -> None:
     out = tmp_path / "compile.json"
     with contextlib.redirect_stdout(io.StringIO()) as printed:
-        code = main(["compile", "--batch-size", "2", "--seq-len", "8", "--compile-backend", "eager", "--steps", "1",
-                     "--windows", "1", "--warmup", "1", "--max-warmup", "2", "--no-progress", "--out", str(out)])
+        code = main(
+            [
+                "compile",
+                "--batch-size",
+                "2",
+                "--seq-len",
+                "8",
+                "--compile-backend",
+                "eager",
+                "--steps",
+                "1",
+                "--windows",
+                "1",
+                "--warmup",
+                "1",
+                "--max-warmup",
+                "2",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
     saved = json.loads(out.read_text())
     assert code == 0 and saved["kind"] == "compile"
     lines = {line.split()[0]: line for line in printed.getvalue().splitlines()[2:]}  # the summary
@@ -89,4 +122,5 @@ def test_the_compile_subcommand_writes_a_compile_results_file(tmp_path: Path) ->
 
 def test_a_missing_compile_file_names_its_command() -> None:
     assert "python -m trainopt.perf.bench compile --out docs/_data/compile_h100.json" in " ".join(
-        render("compile_h100.json").split())
+        render("compile_h100.json").split()
+    )

@@ -26,15 +26,24 @@ def _plain(reduction="mean"):
 
 
 def _chunked(chunk_size, reduction="mean"):
-    return lambda h, w, t: chunked_linear_cross_entropy(h, w, t, chunk_size=chunk_size, reduction=reduction)
+    return lambda h, w, t: chunked_linear_cross_entropy(
+        h, w, t, chunk_size=chunk_size, reduction=reduction
+    )
 
 
 @settings(max_examples=40, deadline=None)
-@given(tokens=st.integers(1, 40), width=st.integers(1, 12), vocab=st.integers(2, 50),
-       chunk_size=st.integers(1, 17), ignored=st.floats(0.0, 0.9), reduction=st.sampled_from(["mean", "sum"]),
-       data=st.data())
-def test_chunked_equals_plain_cross_entropy_in_loss_and_gradients(tokens, width, vocab, chunk_size, ignored,
-                                                                   reduction, data):
+@given(
+    tokens=st.integers(1, 40),
+    width=st.integers(1, 12),
+    vocab=st.integers(2, 50),
+    chunk_size=st.integers(1, 17),
+    ignored=st.floats(0.0, 0.9),
+    reduction=st.sampled_from(["mean", "sum"]),
+    data=st.data(),
+)
+def test_chunked_equals_plain_cross_entropy_in_loss_and_gradients(
+    tokens, width, vocab, chunk_size, ignored, reduction, data
+):
     generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
     hidden = torch.randn(tokens, width, generator=generator)
     weight = torch.randn(vocab, width, generator=generator)
@@ -56,11 +65,15 @@ def test_chunked_equals_plain_with_bf16_inputs_and_leading_dims(chunk_size):
     weight = torch.randn(40, 16, generator=generator).bfloat16()
     targets = torch.randint(0, 40, (3, 7), generator=generator)
     targets[1, 2:5] = 3  # a custom ignore_index below
-    plain = lambda h, w, t: F.cross_entropy((h @ w.T).float().flatten(0, 1), t.flatten(), ignore_index=3)  # noqa: E731
+    plain = lambda h, w, t: F.cross_entropy(
+        (h @ w.T).float().flatten(0, 1), t.flatten(), ignore_index=3
+    )  # noqa: E731
     chunked = lambda h, w, t: chunked_linear_cross_entropy(h, w, t, chunk_size, ignore_index=3)  # noqa: E731
     expected = _loss_and_grads(plain, hidden, weight, targets)
     actual = _loss_and_grads(chunked, hidden, weight, targets)
-    torch.testing.assert_close(actual[0], expected[0], rtol=1e-6, atol=1e-6)  # the loss is fp32 in both
+    torch.testing.assert_close(
+        actual[0], expected[0], rtol=1e-6, atol=1e-6
+    )  # the loss is fp32 in both
     for got, want in zip(actual[1:], expected[1:]):
         assert got.dtype == torch.bfloat16
         torch.testing.assert_close(got, want, rtol=2e-2, atol=1e-3)  # bf16: 8 significant bits
@@ -98,18 +111,25 @@ def test_chunked_holds_a_lower_peak_than_plain():
     assert peaks["chunked"] < 0.25 * peaks["plain"]
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"reduction": "none"}, "reduction must be"),
-    ({"chunk_size": 0}, "chunk_size must be"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"reduction": "none"}, "reduction must be"),
+        ({"chunk_size": 0}, "chunk_size must be"),
+    ],
+)
 def test_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        chunked_linear_cross_entropy(torch.randn(4, 3), torch.randn(5, 3), torch.zeros(4, dtype=torch.long), **kwargs)
+        chunked_linear_cross_entropy(
+            torch.randn(4, 3), torch.randn(5, 3), torch.zeros(4, dtype=torch.long), **kwargs
+        )
 
 
 def test_rejects_targets_of_the_wrong_shape():
     with pytest.raises(ValueError, match=r"targets must have shape \(4,\)"):
-        chunked_linear_cross_entropy(torch.randn(4, 3), torch.randn(5, 3), torch.zeros(2, 2, dtype=torch.long))
+        chunked_linear_cross_entropy(
+            torch.randn(4, 3), torch.randn(5, 3), torch.zeros(2, 2, dtype=torch.long)
+        )
 
 
 def test_chunked_under_bf16_autocast_matches_the_gpt_head():

@@ -58,14 +58,25 @@ def test_checkpointing_gives_the_same_gradients_as_storing(selective):
 
 def test_every_k_checkpoints_every_kth_matching_module():
     model = _tiny(n_layer=5)
-    assert apply_activation_checkpointing(model, Block, every=2) == ["blocks.0", "blocks.2", "blocks.4"]
+    assert apply_activation_checkpointing(model, Block, every=2) == [
+        "blocks.0",
+        "blocks.2",
+        "blocks.4",
+    ]
 
 
 def test_predicate_selects_modules():
     model = _tiny(n_layer=3)
     chosen = apply_activation_checkpointing(model, lambda m: isinstance(m, torch.nn.LayerNorm))
-    assert chosen == ["blocks.0.ln_1", "blocks.0.ln_2", "blocks.1.ln_1", "blocks.1.ln_2",
-                      "blocks.2.ln_1", "blocks.2.ln_2", "ln_f"]
+    assert chosen == [
+        "blocks.0.ln_1",
+        "blocks.0.ln_2",
+        "blocks.1.ln_1",
+        "blocks.1.ln_2",
+        "blocks.2.ln_1",
+        "blocks.2.ln_2",
+        "ln_f",
+    ]
 
 
 @pytest.mark.parametrize("every", [0, -1, 1.5])
@@ -109,8 +120,13 @@ def test_checkpointing_every_block_saves_less_than_storing():
 
 
 @settings(max_examples=12, deadline=None)
-@given(batch=st.integers(1, 3), seq=st.integers(4, 64), n_layer=st.integers(1, 3),
-       precision=st.sampled_from(["fp32", "bf16"]), data=st.data())
+@given(
+    batch=st.integers(1, 3),
+    seq=st.integers(4, 64),
+    n_layer=st.integers(1, 3),
+    precision=st.sampled_from(["fp32", "bf16"]),
+    data=st.data(),
+)
 def test_activation_formula_matches_what_autograd_saves(batch, seq, n_layer, precision, data):
     checkpointed = data.draw(st.integers(0, n_layer))
     model = _tiny(n_layer=n_layer)
@@ -124,7 +140,9 @@ def test_activation_formula_matches_what_autograd_saves(batch, seq, n_layer, pre
             return model(x, targets=y)
 
     measured = saved_activation_bytes(model, forward)
-    predicted = sum(gpt_activation_bytes(model.config, batch, seq, precision, checkpointed).values())
+    predicted = sum(
+        gpt_activation_bytes(model.config, batch, seq, precision, checkpointed).values()
+    )
     assert abs(measured - predicted) <= 4  # all but the scalar weight of the mean loss
 
 
@@ -141,7 +159,11 @@ def test_bytes_per_parameter_for_common_setups():
     assert sum(bytes_per_parameter("sgd").values()) == 8
     assert bytes_per_parameter("sgd_momentum")["optimizer_states"] == 4
     assert bytes_per_parameter("adamw", torch.bfloat16, master_weights=True) == {
-        "weights": 2, "gradients": 2, "optimizer_states": 8, "master_weights": 4}
+        "weights": 2,
+        "gradients": 2,
+        "optimizer_states": 8,
+        "master_weights": 4,
+    }
     with pytest.raises(ValueError, match="optimizer must be one of"):
         bytes_per_parameter("lion")
 
@@ -153,9 +175,14 @@ def test_estimate_static_part_is_bytes_per_parameter_times_parameters():
     assert (est.weights, est.gradients, est.optimizer_states) == (4 * n, 4 * n, 8 * n)
     # weights, AdamW's two moments, gradients, the foreach sqrt copy of one moment, int64 ids and targets
     assert est.phases["optimizer step"] == 4 * n + 8 * n + 4 * n + 4 * n + 16 * 2 * 16
-    fused = estimate_training_memory(model, "bf16", "adamw", batch_size=2, seq_len=16, implementation="fused")
+    fused = estimate_training_memory(
+        model, "bf16", "adamw", batch_size=2, seq_len=16, implementation="fused"
+    )
     assert fused.phases["optimizer step"] == 16 * n + 16 * 2 * 16
-    vocab, h = model.config.vocab_size, model.config.n_embd  # tied embedding: its two gradients summed into a third
+    vocab, h = (
+        model.config.vocab_size,
+        model.config.n_embd,
+    )  # tied embedding: its two gradients summed into a third
     assert est.phases["end of backward"] == 16 * n + 16 * 2 * 16 + 8 * vocab * h
 
 
@@ -175,10 +202,18 @@ def test_peak_is_the_largest_phase_plus_the_workspace_on_cuda_only():
 def test_estimate_grows_with_batch_and_never_grows_with_checkpointing(batch, every):
     with torch.device("meta"):
         model = GPT(gpt_config("124m"))
-    small = estimate_training_memory(model, "bf16", batch_size=batch, seq_len=1024, checkpoint_every=every)
-    assert estimate_training_memory(model, "bf16", batch_size=batch + 1, seq_len=1024,
-                                    checkpoint_every=every).peak > small.peak  # 1024 tokens more: the loss's backward
-    assert small.peak <= estimate_training_memory(model, "bf16", batch_size=batch, seq_len=1024).peak
+    small = estimate_training_memory(
+        model, "bf16", batch_size=batch, seq_len=1024, checkpoint_every=every
+    )
+    assert (
+        estimate_training_memory(
+            model, "bf16", batch_size=batch + 1, seq_len=1024, checkpoint_every=every
+        ).peak
+        > small.peak
+    )  # 1024 tokens more: the loss's backward
+    assert (
+        small.peak <= estimate_training_memory(model, "bf16", batch_size=batch, seq_len=1024).peak
+    )
 
 
 def test_estimate_rejects_bad_arguments():
@@ -190,11 +225,16 @@ def test_estimate_rejects_bad_arguments():
 
 
 # The estimate against the peak measured on a CPU: 3 model sizes × 3 batch sizes × fp32 and bf16.
-PEAK_MODELS = {"tiny": gpt_config("tiny"), "small": gpt_config("small"),
-               "medium": gpt_config("small", n_layer=6, n_head=6, n_embd=384, vocab_size=8192)}
+PEAK_MODELS = {
+    "tiny": gpt_config("tiny"),
+    "small": gpt_config("small"),
+    "medium": gpt_config("small", n_layer=6, n_head=6, n_embd=384, vocab_size=8192),
+}
 
 
-def _measured_cpu_peak(model: GPT, optimizer: torch.optim.Optimizer, precision: str, batch: int, seq: int) -> int:
+def _measured_cpu_peak(
+    model: GPT, optimizer: torch.optim.Optimizer, precision: str, batch: int, seq: int
+) -> int:
     x, y = synthetic_batch(model.config, batch, seq, generator=torch.Generator().manual_seed(0))
 
     def step() -> None:
@@ -216,11 +256,15 @@ def test_estimate_is_the_peak_measured_on_a_cpu_within_5_percent(size, batch, pr
     model = GPT(PEAK_MODELS[size])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     measured = _measured_cpu_peak(model, optimizer, precision, batch, 64)
-    estimate = estimate_training_memory(model, precision, batch_size=batch, seq_len=64, implementation="foreach")
+    estimate = estimate_training_memory(
+        model, precision, batch_size=batch, seq_len=64, implementation="foreach"
+    )
     assert abs(estimate.peak / measured - 1) < 0.05, (estimate.peak_phase, estimate.peak, measured)
 
 
-@pytest.mark.parametrize("implementation, every", [("fused", 0), ("fused", 1), ("fused", 2), ("for-loop", 0)])
+@pytest.mark.parametrize(
+    "implementation, every", [("fused", 0), ("fused", 1), ("fused", 2), ("for-loop", 0)]
+)
 def test_estimate_follows_the_optimizer_kernels_and_checkpointing(implementation, every):
     torch.manual_seed(0)
     model = GPT(gpt_config("small"))
@@ -230,8 +274,14 @@ def test_estimate_follows_the_optimizer_kernels_and_checkpointing(implementation
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **kernels)
     for batch in (1, 16):
         measured = _measured_cpu_peak(model, optimizer, "bf16", batch, 64)
-        estimate = estimate_training_memory(model, "bf16", batch_size=batch, seq_len=64,
-                                            checkpoint_every=every, implementation=implementation)
+        estimate = estimate_training_memory(
+            model,
+            "bf16",
+            batch_size=batch,
+            seq_len=64,
+            checkpoint_every=every,
+            implementation=implementation,
+        )
         assert abs(estimate.peak / measured - 1) < 0.05, (batch, estimate.phases, measured)
 
 
@@ -332,8 +382,9 @@ def test_estimate_is_the_peak_cuda_measures_within_5_percent(batch, seq, fused):
         opt.step()
         opt.zero_grad(set_to_none=True)
     measured = torch.cuda.max_memory_allocated()
-    estimate = estimate_training_memory(model, "bf16", batch_size=batch, seq_len=seq,
-                                        implementation="fused" if fused else "foreach")
+    estimate = estimate_training_memory(
+        model, "bf16", batch_size=batch, seq_len=seq, implementation="fused" if fused else "foreach"
+    )
     assert abs(estimate.peak / measured - 1) < 0.05, (estimate.phases, estimate.peak, measured)
 
 
@@ -358,11 +409,17 @@ def test_live_storage_tracker_agrees_with_the_cuda_allocator():
 
 
 def _expandable_in_subprocess(conf: str | None) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+    }
     if conf is not None:
         env["PYTORCH_ALLOC_CONF"] = conf
     code = "from trainopt.perf.memory import expandable_segments_in_use as f; print(f())"
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 
@@ -374,8 +431,12 @@ def test_expandable_segments_env_var_reaches_the_allocator():
 
 
 def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    return sum(v.untyped_storage().nbytes() for state in optimizer.state.values()
-               for v in state.values() if isinstance(v, torch.Tensor))
+    return sum(
+        v.untyped_storage().nbytes()
+        for state in optimizer.state.values()
+        for v in state.values()
+        if isinstance(v, torch.Tensor)
+    )
 
 
 @pytest.mark.parametrize("name", ["adamw", "adafactor"])
@@ -385,8 +446,9 @@ def test_optimizer_state_bytes_is_what_torch_allocates(name):
     if name == "adafactor" and not hasattr(torch.optim, "Adafactor"):
         pytest.skip("torch.optim.Adafactor needs torch >= 2.5")
     model = _tiny()
-    optimizer = {"adamw": torch.optim.AdamW, "adafactor": getattr(torch.optim, "Adafactor", None)}[name](
-        model.parameters())
+    optimizer = {"adamw": torch.optim.AdamW, "adafactor": getattr(torch.optim, "Adafactor", None)}[
+        name
+    ](model.parameters())
     x, y = synthetic_batch(model.config, batch_size=2, seq_len=16)
     model(x, targets=y).backward()
     optimizer.step()

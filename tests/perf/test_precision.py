@@ -24,7 +24,9 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 
 def test_unknown_name_raises_value_error_listing_allowed_names():
-    with pytest.raises(ValueError, match=r"precision must be one of \['fp32', 'tf32', 'bf16', 'fp16'\], got 'half'"):
+    with pytest.raises(
+        ValueError, match=r"precision must be one of \['fp32', 'tf32', 'bf16', 'fp16'\], got 'half'"
+    ):
         Precision.from_name("half", "cpu")
 
 
@@ -131,7 +133,9 @@ def test_module_never_uses_deprecated_cuda_amp_spellings():
 
 
 def test_unknown_scaler_is_rejected():
-    with pytest.raises(ValueError, match=r"scaler must be one of \['trainopt', 'torch'\], got 'apex'"):
+    with pytest.raises(
+        ValueError, match=r"scaler must be one of \['trainopt', 'torch'\], got 'apex'"
+    ):
         Precision.from_name("bf16", "cpu", scaler="apex")
 
 
@@ -150,7 +154,9 @@ def test_both_scalers_scale_skip_and_back_off_alike(kind):
 
 
 @needs_cuda
-@pytest.mark.parametrize("kind, cls", [("trainopt", DynamicLossScaler), ("torch", torch.amp.GradScaler)])
+@pytest.mark.parametrize(
+    "kind, cls", [("trainopt", DynamicLossScaler), ("torch", torch.amp.GradScaler)]
+)
 def test_fp16_on_cuda_has_the_chosen_scaler_and_skips_inf_steps(kind, cls):
     precision = Precision.from_name("fp16", "cuda", init_scale=1024.0, scaler=kind)
     assert isinstance(precision.scaler, cls)

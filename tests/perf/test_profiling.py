@@ -19,7 +19,9 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 @given(values=st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=50), q=st.floats(0, 100))
 def test_percentile_agrees_with_numpy(values, q):
-    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), rel=1e-9, abs=1e-6)
+    assert percentile(values, q) == pytest.approx(
+        float(np.percentile(values, q)), rel=1e-9, abs=1e-6
+    )
 
 
 def test_percentile_rejects_empty_and_out_of_range():
@@ -31,7 +33,11 @@ def test_percentile_rejects_empty_and_out_of_range():
 
 def test_summarize_reports_median_and_tails():
     stats = summarize([float(v) for v in range(1, 101)])
-    assert stats["median_ms"] == 50.5 and stats["p90_ms"] == pytest.approx(90.1) and stats["count"] == 100
+    assert (
+        stats["median_ms"] == 50.5
+        and stats["p90_ms"] == pytest.approx(90.1)
+        and stats["count"] == 100
+    )
 
 
 def test_cpu_timer_drops_warmup_and_measures_intervals(monkeypatch):
@@ -73,8 +79,15 @@ def test_profiler_schedule_length_and_invalid_arguments():
 
 def test_profiler_writes_one_chrome_trace_per_cycle(tmp_path):
     model = torch.nn.Linear(16, 16)
-    prof = profile_steps(lambda: model(torch.randn(4, 16)).sum().backward(), "cpu",
-                         wait=0, warmup=1, active=1, repeat=2, trace_dir=tmp_path)
+    prof = profile_steps(
+        lambda: model(torch.randn(4, 16)).sum().backward(),
+        "cpu",
+        wait=0,
+        warmup=1,
+        active=1,
+        repeat=2,
+        trace_dir=tmp_path,
+    )
     assert [p.name for p in prof.traces] == ["trace_0.json", "trace_1.json"]
     trace = json.loads(prof.traces[0].read_text())
     assert any(e.get("name") == "aten::addmm" for e in trace["traceEvents"])
@@ -105,7 +118,9 @@ def test_cuda_timer_measures_gpu_time_without_syncing_each_step(monkeypatch):
 @needs_cuda
 def test_cuda_profiler_reports_device_time():
     model = torch.nn.Linear(256, 256).cuda()
-    prof = profile_steps(lambda: model(torch.randn(64, 256, device="cuda")).sum().backward(), "cuda", active=2)
+    prof = profile_steps(
+        lambda: model(torch.randn(64, 256, device="cuda")).sum().backward(), "cuda", active=2
+    )
     assert prof.top_operators(3)[0].self_device_us > 0
 
 

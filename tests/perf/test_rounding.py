@@ -16,12 +16,18 @@ def test_result_is_one_of_the_two_bf16_neighbours(value):
     rounded = stochastic_round_to_bf16(x, torch.Generator().manual_seed(0))
     bits = rounded.float().view(torch.int32)
     toward_zero = x.view(torch.int32) & -(1 << 16)  # the bf16 neighbour of smaller magnitude
-    away = toward_zero + (1 << 16) if bool((x.view(torch.int32) != toward_zero).all()) else toward_zero
+    away = (
+        toward_zero + (1 << 16) if bool((x.view(torch.int32) != toward_zero).all()) else toward_zero
+    )
     assert bool(((bits == toward_zero) | (bits == away)).all())
 
 
 def test_values_bf16_holds_are_returned_unchanged():
-    exact = torch.tensor([0.0, -0.0, 1.0, -2.5, 2.0**-130, 3.0e38, float("inf"), -float("inf")]).bfloat16().float()
+    exact = (
+        torch.tensor([0.0, -0.0, 1.0, -2.5, 2.0**-130, 3.0e38, float("inf"), -float("inf")])
+        .bfloat16()
+        .float()
+    )
     assert torch.equal(stochastic_round_to_bf16(exact).float(), exact)
     assert torch.isnan(stochastic_round_to_bf16(torch.tensor([float("nan")]))).all()
 

@@ -39,18 +39,29 @@ def clock(monkeypatch):
     return Clock
 
 
-@pytest.mark.parametrize("precision, tflops", [("fp32", 66.9), ("tf32", 494.7), ("bf16", 989.4), ("fp16", 989.4)])
+@pytest.mark.parametrize(
+    "precision, tflops", [("fp32", 66.9), ("tf32", 494.7), ("bf16", 989.4), ("fp16", 989.4)]
+)
 def test_monitor_divides_by_the_peak_of_the_precision_it_trains_in(monkeypatch, precision, tflops):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
-    monitor = ThroughputMonitor(tokens_per_step=8, flops_per_token=1e6, precision=precision, device="cuda")
-    assert monitor.peak == pytest.approx(tflops * 1e12, rel=1e-12)  # the data sheet's dense figure, typed here by hand
+    monitor = ThroughputMonitor(
+        tokens_per_step=8, flops_per_token=1e6, precision=precision, device="cuda"
+    )
+    assert monitor.peak == pytest.approx(
+        tflops * 1e12, rel=1e-12
+    )  # the data sheet's dense figure, typed here by hand
 
 
 def test_monitor_on_a_gpu_missing_from_the_table_asks_for_its_peak(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H20")
     with pytest.raises(ValueError, match="GPU 'NVIDIA H20' is not in the peak table"):
         ThroughputMonitor(tokens_per_step=8, flops_per_token=1e6, device="cuda")
-    assert ThroughputMonitor(tokens_per_step=8, flops_per_token=1e6, device="cuda", peak_flops=3e14).peak == 3e14
+    assert (
+        ThroughputMonitor(
+            tokens_per_step=8, flops_per_token=1e6, device="cuda", peak_flops=3e14
+        ).peak
+        == 3e14
+    )
 
 
 def test_monitor_on_a_cpu_reports_no_mfu_without_a_given_peak(clock):
@@ -75,8 +86,9 @@ def test_mfu_of_gpt_uses_its_flops_per_token():
 
 
 def test_monitor_reports_tokens_samples_step_time_and_mfu(clock):
-    monitor = ThroughputMonitor(tokens_per_step=1000, samples_per_step=4, flops_per_token=1e9,
-                                peak_flops=1e14, log_every=5)
+    monitor = ThroughputMonitor(
+        tokens_per_step=1000, samples_per_step=4, flops_per_token=1e9, peak_flops=1e14, log_every=5
+    )
     for _ in range(11):  # the first call only marks the start: 10 intervals of 0.1 s
         monitor.step()
     assert len(monitor.records) == 2
@@ -136,8 +148,12 @@ def test_tensorboard_writes_event_files(clock, tmp_path):
 
 def test_throughput_drop_alert_fires_on_a_slow_window(clock):
     messages = []
-    monitor = ThroughputMonitor(tokens_per_step=100, log_every=2, alerts=[ThroughputDropAlert(0.8)],
-                                on_alert=messages.append)
+    monitor = ThroughputMonitor(
+        tokens_per_step=100,
+        log_every=2,
+        alerts=[ThroughputDropAlert(0.8)],
+        on_alert=messages.append,
+    )
     for _ in range(5):
         monitor.step()
     assert messages == []
@@ -158,7 +174,10 @@ def test_memory_alert_uses_limit_or_device_total():
     alert = MemoryNearLimitAlert(0.9)
     assert alert({"step": 1, "memory_peak_bytes": 95, "memory_total_bytes": 100}, []) is not None
     assert alert({"step": 1, "memory_peak_bytes": 85, "memory_total_bytes": 100}, []) is None
-    assert MemoryNearLimitAlert(0.5, limit_bytes=100)({"step": 1, "memory_peak_bytes": 60}, []) is not None
+    assert (
+        MemoryNearLimitAlert(0.5, limit_bytes=100)({"step": 1, "memory_peak_bytes": 60}, [])
+        is not None
+    )
     assert alert({"step": 1}, []) is None  # CPU records carry no memory
 
 
@@ -173,10 +192,13 @@ def test_state_dict_round_trip_continues_counting(clock):
     assert resumed.steps == 8 and len(resumed.records) == 3 and resumed.records[-1]["step"] == 8
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"tokens_per_step": 0}, "tokens_per_step must be an int >= 1"),
-    ({"tokens_per_step": 8, "log_every": 0}, "log_every must be an int >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"tokens_per_step": 0}, "tokens_per_step must be an int >= 1"),
+        ({"tokens_per_step": 8, "log_every": 0}, "log_every must be an int >= 1"),
+    ],
+)
 def test_bad_arguments_raise(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ThroughputMonitor(**kwargs)
@@ -184,8 +206,9 @@ def test_bad_arguments_raise(kwargs, message):
 
 @needs_cuda
 def test_cuda_monitor_never_syncs_in_step_and_resolves_later(monkeypatch):
-    monitor = ThroughputMonitor(tokens_per_step=100, log_every=2, device="cuda", peak_flops=1e15,
-                                flops_per_token=1e6)
+    monitor = ThroughputMonitor(
+        tokens_per_step=100, log_every=2, device="cuda", peak_flops=1e15, flops_per_token=1e6
+    )
 
     def forbidden(*args, **kwargs):
         raise AssertionError("host-device sync in the hot path")

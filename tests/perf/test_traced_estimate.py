@@ -30,7 +30,12 @@ RESULTS = ROOT / "docs" / "_data" / "memory_estimate_cpu.json"
 
 # Each family under four settings that between them cover fp32 and bf16 autocast, AdamW and SGD,
 # with and without activation checkpointing of its blocks.
-SETTINGS = [("fp32", "adamw", False), ("bf16", "adamw", True), ("fp32", "sgd", True), ("bf16", "sgd", False)]
+SETTINGS = [
+    ("fp32", "adamw", False),
+    ("bf16", "adamw", True),
+    ("fp32", "sgd", True),
+    ("bf16", "sgd", False),
+]
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -44,7 +49,9 @@ def family(request):
 
 
 @pytest.mark.parametrize("precision, optimizer, checkpointing", SETTINGS)
-def test_estimate_is_the_peak_measured_on_a_cpu_within_5_percent(family, precision, optimizer, checkpointing):
+def test_estimate_is_the_peak_measured_on_a_cpu_within_5_percent(
+    family, precision, optimizer, checkpointing
+):
     row = compare(family, optimizer, precision, checkpointing)
     assert abs(row["error"]) < 0.05, row
 
@@ -63,7 +70,9 @@ def test_the_models_own_checkpointing_is_honoured():
     stored = estimate_step_memory(family.model, family.batch, optimizer="sgd").peak
     enable = getattr(family.model, "activation_checkpointing_enable", None)  # transformers >= 5.x
     if enable is None:
-        family.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        family.model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
     else:
         enable(activation_checkpointing_kwargs={"use_reentrant": False})
     recomputed = estimate_step_memory(family.model, family.batch, optimizer="sgd").peak
@@ -75,10 +84,17 @@ def test_the_model_is_left_as_it_was():
     family = mlp_family(width=32, depth=2, batch_size=4)
     before = [(p, p.clone()) for p in family.model.parameters()]
     forwards = [m.forward for m in family.model]
-    estimate_step_memory(family.model, family.batch, targets=family.targets, loss_fn=F.cross_entropy,
-                         checkpointing=family.checkpointing)
-    assert all(p is q and torch.equal(p, saved) and p.grad is None
-               for (p, saved), q in zip(before, family.model.parameters()))
+    estimate_step_memory(
+        family.model,
+        family.batch,
+        targets=family.targets,
+        loss_fn=F.cross_entropy,
+        checkpointing=family.checkpointing,
+    )
+    assert all(
+        p is q and torch.equal(p, saved) and p.grad is None
+        for (p, saved), q in zip(before, family.model.parameters())
+    )
     assert [m.forward for m in family.model] == forwards  # checkpointing removed again
 
 
@@ -86,8 +102,12 @@ def test_a_model_on_meta_is_estimated_without_allocating_and_agrees_with_the_gpt
     with torch.device("meta"):
         model = GPT(gpt_config("124m"))
     ids = torch.empty(2, 1024, dtype=torch.long, device="meta")
-    traced = estimate_step_memory(model, {"idx": ids, "targets": ids}, precision="bf16",
-                                  optimizer=lambda params: torch.optim.AdamW(params, foreach=True))
+    traced = estimate_step_memory(
+        model,
+        {"idx": ids, "targets": ids},
+        precision="bf16",
+        optimizer=lambda params: torch.optim.AdamW(params, foreach=True),
+    )
     formula = estimate_training_memory(model, "bf16", batch_size=2, seq_len=1024, device="cpu")
     assert abs(traced.peak / formula.peak - 1) < 0.001
     assert traced.weights == formula.weights and traced.gradients == formula.gradients
@@ -115,18 +135,25 @@ def test_bad_arguments_name_the_field():
 
 def test_accelerate_multiplies_the_weights_by_four_in_fp32_and_two_in_bf16():
     model = torch.nn.Linear(10, 10)
-    assert accelerate_estimate(model, "fp32") == 4 * 110 * 4 and accelerate_estimate(model, "bf16") == 2 * 110 * 4
+    assert (
+        accelerate_estimate(model, "fp32") == 4 * 110 * 4
+        and accelerate_estimate(model, "bf16") == 2 * 110 * 4
+    )
 
 
 def test_the_committed_table_holds_every_family_within_5_percent():
     results = json.loads(RESULTS.read_text())
     rows = results["rows"]
-    assert {r["family"] for r in rows} == {FAMILIES[name]().name for name in ("mlp", "cnn", "encoder", "gpt")} | {
-        "Hugging Face GPT-2"}
+    assert {r["family"] for r in rows} == {
+        FAMILIES[name]().name for name in ("mlp", "cnn", "encoder", "gpt")
+    } | {"Hugging Face GPT-2"}
     assert {(r["precision"], r["optimizer"], r["checkpointing"]) for r in rows} == {
-        (p, o, c) for p in ("fp32", "bf16") for o in ("adamw", "sgd") for c in (False, True)}
+        (p, o, c) for p in ("fp32", "bf16") for o in ("adamw", "sgd") for c in (False, True)
+    }
     assert all(abs(r["error"]) < 0.05 for r in rows), [r for r in rows if abs(r["error"]) >= 0.05]
-    assert all(r["error"] == pytest.approx(r["estimate_bytes"] / r["measured_bytes"] - 1) for r in rows)
+    assert all(
+        r["error"] == pytest.approx(r["estimate_bytes"] / r["measured_bytes"] - 1) for r in rows
+    )
     assert results["meta"]["command"].startswith("python -m trainopt.perf.bench estimate")
     assert results["meta"]["git_dirty"] is False
 
@@ -144,7 +171,11 @@ def test_estimate_is_the_peak_cuda_measures_within_5_percent(name):
     else:
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        model = GPT2LMHeadModel(GPT2Config(n_layer=6, n_embd=768, n_head=12, n_positions=512)).cuda().train()
+        model = (
+            GPT2LMHeadModel(GPT2Config(n_layer=6, n_embd=768, n_head=12, n_positions=512))
+            .cuda()
+            .train()
+        )
         ids = torch.randint(0, 50257, (8, 512), device="cuda")
         batch = {"input_ids": ids, "labels": ids}
     opt = torch.optim.AdamW(model.parameters(), fused=True)
@@ -159,8 +190,12 @@ def test_estimate_is_the_peak_cuda_measures_within_5_percent(name):
         opt.step()
         opt.zero_grad(set_to_none=True)
     measured = torch.cuda.max_memory_allocated()
-    estimate = estimate_step_memory(model, batch, precision="bf16",
-                                    optimizer=lambda params: torch.optim.AdamW(params, fused=True))
+    estimate = estimate_step_memory(
+        model,
+        batch,
+        precision="bf16",
+        optimizer=lambda params: torch.optim.AdamW(params, fused=True),
+    )
     assert estimate.workspace == CUDA_WORKSPACE_BYTES
     assert abs(estimate.peak / measured - 1) < 0.05, (estimate.phases, estimate.peak, measured)
 
@@ -173,5 +208,8 @@ def test_the_estimate_command_writes_a_results_file_and_prints_its_table(tmp_pat
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 8 and all(abs(r["error"]) < 0.05 for r in rows)
     printed = capsys.readouterr().out.splitlines()  # the plain summary: a header, then a row each
-    assert printed[0].startswith("estimate results on CPU") and printed[1].split()[:2] == ["family", "precision"]
+    assert printed[0].startswith("estimate results on CPU") and printed[1].split()[:2] == [
+        "family",
+        "precision",
+    ]
     assert len(printed) == 2 + len(rows) and all(line.split()[0] == "MLP" for line in printed[2:])

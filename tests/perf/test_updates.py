@@ -14,7 +14,9 @@ def test_ratio_is_the_sgd_step_over_the_weight_for_every_parameter() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     model(torch.randn(4, 8)).square().mean().backward()
-    expected = {name: (0.05 * p.grad.norm() / p.norm()).item() for name, p in model.named_parameters()}
+    expected = {
+        name: (0.05 * p.grad.norm() / p.norm()).item() for name, p in model.named_parameters()
+    }
     monitor = UpdateRatioMonitor(model, check_every=1)
     with monitor.watch(0):
         optimizer.step()

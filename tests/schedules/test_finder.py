@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from trainopt.models import digits_loaders, digits_mlp
 from trainopt.schedules.finder import LearningRateFinder
 from trainopt.schedules.plots import digits_lr_finder_figure
-from trainopt.models import digits_loaders, digits_mlp
 
 
 def digits_finder(optimizer_cls=torch.optim.SGD, **opt_kwargs):
@@ -96,7 +96,9 @@ def test_find_lr_uses_a_fresh_batch_per_step_cycling_the_loader():
         seen.append(int(args[0][0, 0]))
 
     model.register_forward_pre_hook(record)
-    finder = LearningRateFinder(model, torch.optim.SGD(model.parameters(), lr=1e-3), batches, loss_fn)
+    finder = LearningRateFinder(
+        model, torch.optim.SGD(model.parameters(), lr=1e-3), batches, loss_fn
+    )
     finder.find_lr(1e-6, 1e-5, num_steps=7)
     assert seen == [0, 1, 2, 0, 1, 2, 0]
 
@@ -106,7 +108,9 @@ def test_each_point_takes_a_real_optimizer_step_so_the_loss_moves():
     x = torch.randn(64, 4)
     y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
     model = torch.nn.Linear(4, 1)
-    finder = LearningRateFinder(model, torch.optim.SGD(model.parameters(), lr=0.1), [(x, y)], F.mse_loss)
+    finder = LearningRateFinder(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), [(x, y)], F.mse_loss
+    )
     finder.find_lr(1e-2, 1e-1, num_steps=20)
     assert finder.raw_losses[-1] < 0.5 * finder.raw_losses[0]
 
@@ -135,8 +139,12 @@ def test_find_lr_stops_on_a_non_finite_loss_without_recording_it():
     def loss_fn(out, target):
         return out.sum() * 0 + next(values)
 
-    finder = LearningRateFinder(model, torch.optim.SGD(model.parameters(), lr=1.0),
-                                [(torch.ones(1, 1), torch.ones(1, 1))], loss_fn)
+    finder = LearningRateFinder(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        [(torch.ones(1, 1), torch.ones(1, 1))],
+        loss_fn,
+    )
     lrs, losses = finder.find_lr(1e-3, 1e-1, num_steps=6)
     assert len(lrs) == 3 and finder.stop_reason.startswith("non-finite")
 
@@ -144,9 +152,12 @@ def test_find_lr_stops_on_a_non_finite_loss_without_recording_it():
 def test_smoothed_loss_is_a_bias_corrected_moving_average():
     model = torch.nn.Linear(1, 1)
     values = iter([4.0, 2.0, 1.0])
-    finder = LearningRateFinder(model, torch.optim.SGD(model.parameters(), lr=1.0),
-                                [(torch.ones(1, 1), torch.ones(1, 1))],
-                                lambda out, target: out.sum() * 0 + next(values))
+    finder = LearningRateFinder(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        [(torch.ones(1, 1), torch.ones(1, 1))],
+        lambda out, target: out.sum() * 0 + next(values),
+    )
     _, losses = finder.find_lr(1e-3, 1e-2, num_steps=3, smoothing=0.5)
     # a1 = 2, a2 = 2, a3 = 1.5; corrected by 1 - 0.5**i
     assert losses == pytest.approx([4.0, 2.0 / 0.75, 1.5 / 0.875])
@@ -161,7 +172,9 @@ def test_per_group_ratios_are_kept_during_the_test():
         seen.append([g["lr"] for g in opt.param_groups])
         return F.mse_loss(out, target)
 
-    LearningRateFinder(model, opt, [(torch.ones(2, 2), torch.ones(2, 1))], loss_fn).find_lr(1e-3, 1e-2, 3)
+    LearningRateFinder(model, opt, [(torch.ones(2, 2), torch.ones(2, 1))], loss_fn).find_lr(
+        1e-3, 1e-2, 3
+    )
     assert all(row[1] == pytest.approx(row[0] / 10) for row in seen)
 
 
@@ -172,8 +185,13 @@ def synthetic(finder: LearningRateFinder, losses: list[float]) -> None:
 
 def valley(n: int = 50, shift: float = 0.0) -> list[float]:
     """A range-test-like curve: flat, a steep drop centred at point 30, a rise at the end."""
-    return [shift + 2.0 - 1.5 / (1 + math.exp(-(i - 30) / 2.0)) + (0.05 * (i - 44) ** 2 if i > 44 else 0)
-            for i in range(n)]
+    return [
+        shift
+        + 2.0
+        - 1.5 / (1 + math.exp(-(i - 30) / 2.0))
+        + (0.05 * (i - 44) ** 2 if i > 44 else 0)
+        for i in range(n)
+    ]
 
 
 def test_suggest_lr_picks_the_steepest_descent():
@@ -220,7 +238,9 @@ def test_bad_arguments_are_rejected_before_training(kwargs, message):
 
 
 def test_linear_ramp_is_evenly_spaced():
-    assert LearningRateFinder.ramp(0.1, 0.5, 5, mode="linear") == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])
+    assert LearningRateFinder.ramp(0.1, 0.5, 5, mode="linear") == pytest.approx(
+        [0.1, 0.2, 0.3, 0.4, 0.5]
+    )
 
 
 def test_page_figure_is_a_matplotlib_figure_with_the_suggestion_marked():

@@ -6,6 +6,8 @@ import matplotlib.figure
 import pytest
 import torch
 
+from trainopt.schedules.adapters import cosine_annealing_schedule
+from trainopt.schedules.debug import debug_lr_schedule
 from trainopt.schedules.plots import (
     lr_monitor_figure,
     plot_adaptive,
@@ -15,12 +17,12 @@ from trainopt.schedules.plots import (
     schedule_gallery,
     schedule_values,
 )
-from trainopt.schedules.adapters import cosine_annealing_schedule
-from trainopt.schedules.debug import debug_lr_schedule
 
 
 def test_plotted_values_are_the_schedulers_own_rates():
-    fig = plot_schedule("cosine_annealing", base_lr=1e-3, total_steps=200, warmup_steps=20, min_lr=1e-5)
+    fig = plot_schedule(
+        "cosine_annealing", base_lr=1e-3, total_steps=200, warmup_steps=20, min_lr=1e-5
+    )
     plotted = list(fig.axes[0].get_lines()[0].get_ydata())
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-3)
     expected = debug_lr_schedule(cosine_annealing_schedule(opt, 200, 20, 1e-5), len(plotted))
@@ -29,7 +31,13 @@ def test_plotted_values_are_the_schedulers_own_rates():
 
 def test_schedule_values_builds_by_name():
     assert schedule_values("wsd", 6, 1.0, total_steps=4, warmup_steps=1, decay_steps=2) == [
-        0.0, 1.0, 1.0, 0.5, 0.0, 0.0]
+        0.0,
+        1.0,
+        1.0,
+        0.5,
+        0.0,
+        0.0,
+    ]
 
 
 @pytest.mark.parametrize(

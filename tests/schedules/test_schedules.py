@@ -95,7 +95,8 @@ def test_linear_warmup_decay_matches_torch_linear_lr(run, lrs):
     ours = trace(lambda o: linear_warmup_decay_schedule(o, total, warmup), total + 1, lrs)
     theirs = trace(
         lambda o: torch_warmup_then(o, warmup, L.LinearLR(o, 1.0, 0.0, total_iters=total - warmup)),
-        total + 1, lrs,
+        total + 1,
+        lrs,
     )
     assert_traces_match(ours, theirs)
 
@@ -107,8 +108,11 @@ def test_cosine_annealing_matches_torch_cosine_annealing_lr(run, lrs, min_fracti
     min_lr = min(lrs) * min_fraction
     ours = trace(lambda o: cosine_annealing_schedule(o, total, warmup, min_lr), total + 1, lrs)
     theirs = trace(
-        lambda o: torch_warmup_then(o, warmup, L.CosineAnnealingLR(o, T_max=total - warmup, eta_min=min_lr)),
-        total + 1, lrs,
+        lambda o: torch_warmup_then(
+            o, warmup, L.CosineAnnealingLR(o, T_max=total - warmup, eta_min=min_lr)
+        ),
+        total + 1,
+        lrs,
     )
     assert_traces_match(ours, theirs)
 
@@ -124,7 +128,10 @@ def test_step_decay_matches_torch_step_lr(decay_steps, rate, lrs):
 
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(
-    total=st.integers(3, 600), data=st.data(), lrs=group_lrs, min_fraction=st.floats(0.0, 1.0),
+    total=st.integers(3, 600),
+    data=st.data(),
+    lrs=group_lrs,
+    min_fraction=st.floats(0.0, 1.0),
     decay=st.sampled_from(["linear", "cosine"]),
 )
 def test_wsd_matches_torch_sequential_lr(total, data, lrs, min_fraction, decay):
@@ -150,24 +157,33 @@ def test_wsd_matches_torch_sequential_lr(total, data, lrs, min_fraction, decay):
 
     if decay == "linear" and min_lr != 0.0:
         decay = "cosine"  # LinearLR has no absolute floor; compare the cosine decay instead
-    ours = trace(lambda o: wsd_schedule(o, total, warmup, decay_steps, min_lr, decay), total + 1, lrs)
+    ours = trace(
+        lambda o: wsd_schedule(o, total, warmup, decay_steps, min_lr, decay), total + 1, lrs
+    )
     theirs = trace(reference, total + 1, lrs)
     assert_traces_match(ours, theirs)
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(
-    step_size=st.integers(1, 60), mode=st.sampled_from(["triangular", "triangular2", "exp_range"]),
-    gamma=st.floats(0.9, 1.0), low=st.floats(1e-6, 1e-3), span=st.floats(1.0, 100.0),
+    step_size=st.integers(1, 60),
+    mode=st.sampled_from(["triangular", "triangular2", "exp_range"]),
+    gamma=st.floats(0.9, 1.0),
+    low=st.floats(1e-6, 1e-3),
+    span=st.floats(1.0, 100.0),
 )
 def test_cyclical_matches_torch_cyclic_lr(step_size, mode, gamma, low, span):
     high = low * span
     steps = 7 * step_size
-    ours = trace(lambda o: CyclicalLearningRate(o, low, high, step_size, mode, gamma), steps, (0.5, 0.1))
+    ours = trace(
+        lambda o: CyclicalLearningRate(o, low, high, step_size, mode, gamma), steps, (0.5, 0.1)
+    )
     theirs = trace(
-        lambda o: L.CyclicLR(o, low, high, step_size_up=step_size, mode=mode, gamma=gamma,
-                             cycle_momentum=False),
-        steps, (0.5, 0.1),
+        lambda o: L.CyclicLR(
+            o, low, high, step_size_up=step_size, mode=mode, gamma=gamma, cycle_momentum=False
+        ),
+        steps,
+        (0.5, 0.1),
     )
     assert_traces_match(ours, theirs)
 
@@ -175,7 +191,11 @@ def test_cyclical_matches_torch_cyclic_lr(step_size, mode, gamma, low, span):
 @settings(max_examples=20, deadline=None, derandomize=True)
 @given(total=st.integers(1, 500), power=st.floats(0.5, 4.0), lr=st.floats(1e-5, 1.0))
 def test_polynomial_decay_matches_torch_polynomial_lr(total, power, lr):
-    ours = trace(lambda o: PolynomialDecaySchedule(lr, total, power=power).as_lr_scheduler(o), total + 5, (lr,))
+    ours = trace(
+        lambda o: PolynomialDecaySchedule(lr, total, power=power).as_lr_scheduler(o),
+        total + 5,
+        (lr,),
+    )
     theirs = trace(lambda o: L.PolynomialLR(o, total_iters=total, power=power), total + 5, (lr,))
     assert_traces_match(ours, theirs)
 
@@ -234,7 +254,11 @@ def test_wsd_one_minus_sqrt_decay_shape():
         (lambda o: step_decay_schedule(o, 0), "decay_steps", "int >= 1"),
         (lambda o: wsd_schedule(o, 100, 10, 20, decay="exp"), "decay", "linear.*cosine.*1-sqrt"),
         (lambda o: wsd_schedule(o, 100, 50, 60), "decay_steps", "must not exceed total_steps"),
-        (lambda o: CyclicalLearningRate(o, mode="sine"), "mode", "triangular.*triangular2.*exp_range"),
+        (
+            lambda o: CyclicalLearningRate(o, mode="sine"),
+            "mode",
+            "triangular.*triangular2.*exp_range",
+        ),
         (lambda o: CyclicalLearningRate(o, base_lr=1e-2, max_lr=1e-3), "base_lr", "max_lr"),
     ],
 )
@@ -247,12 +271,16 @@ def test_lambda_schedules_survive_a_state_dict_round_trip():
     opt = optimizer()
     sched = cosine_annealing_schedule(opt, 100, 10, 1e-5)
     for _ in range(37):
-        opt.step(); sched.step()
+        opt.step()
+        sched.step()
     state = sched.state_dict()
     fresh_opt = optimizer()
     fresh = cosine_annealing_schedule(fresh_opt, 100, 10, 1e-5)
     fresh.load_state_dict(state)
-    opt.step(); sched.step(); fresh_opt.step(); fresh.step()
+    opt.step()
+    sched.step()
+    fresh_opt.step()
+    fresh.step()
     assert fresh.get_last_lr() == sched.get_last_lr()
 
 
@@ -260,10 +288,12 @@ def test_cyclical_state_dict_resumes_the_cycle():
     opt = optimizer()
     clr = CyclicalLearningRate(opt, 1e-4, 1e-3, 5, mode="triangular2")
     for _ in range(13):
-        opt.step(); clr.step()
+        opt.step()
+        clr.step()
     other = CyclicalLearningRate(optimizer(), 1e-4, 1e-3, 5, mode="triangular2")
     other.load_state_dict(clr.state_dict())
-    clr.step(); other.step()
+    clr.step()
+    other.step()
     assert other.get_last_lr() == clr.get_last_lr()
 
 
@@ -323,7 +353,8 @@ def test_adaptive_state_dict_round_trip_restores_the_rate():
     other = AdaptiveLearningRate(other_opt, initial_lr=1e-3, window=3)
     other.load_state_dict(ctl.state_dict())
     assert other.get_last_lr() == ctl.get_last_lr()
-    feed(ctl, [5.0, 6.0]); feed(other, [5.0, 6.0])
+    feed(ctl, [5.0, 6.0])
+    feed(other, [5.0, 6.0])
     assert other.get_last_lr() == ctl.get_last_lr()
 
 
@@ -374,7 +405,8 @@ def test_debug_helper_leaves_scheduler_and_optimizer_as_it_found_them():
     opt = optimizer()
     sched = cosine_annealing_schedule(opt, 20, 5)
     for _ in range(3):
-        opt.step(); sched.step()
+        opt.step()
+        sched.step()
     before = (sched.last_epoch, sched.get_last_lr(), opt.param_groups[0]["lr"])
     debug_lr_schedule(sched, 15)
     assert (sched.last_epoch, sched.get_last_lr(), opt.param_groups[0]["lr"]) == before

@@ -15,7 +15,9 @@ from trainopt.schedules.functions import (
     warmup_stable_decay,
 )
 
-runs = st.integers(2, 5000).flatmap(lambda total: st.tuples(st.just(total), st.integers(0, total - 1)))
+runs = st.integers(2, 5000).flatmap(
+    lambda total: st.tuples(st.just(total), st.integers(0, total - 1))
+)
 ratios = st.floats(0.0, 1.0)
 decays = st.sampled_from(["linear", "cosine", "1-sqrt"])
 
@@ -66,8 +68,10 @@ def test_schedules_are_continuous_at_phase_boundaries(run, ratio, data):
 @given(run=runs, ratio=ratios, data=st.data())
 def test_never_below_min_lr_after_warmup_and_finite_everywhere(run, ratio, data):
     total, warmup = run
-    steps = sorted(set(data.draw(st.lists(st.integers(0, 3 * total), min_size=1, max_size=50)))
-                   | {warmup, total, total + 1})
+    steps = sorted(
+        set(data.draw(st.lists(st.integers(0, 3 * total), min_size=1, max_size=50)))
+        | {warmup, total, total + 1}
+    )
     for name, schedule, floor in all_schedules(total, warmup, ratio, data):
         for s in steps:
             value = schedule(s)
@@ -86,8 +90,12 @@ def test_every_schedule_holds_its_final_value_past_total_steps(run, ratio, data,
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
-@given(step=st.integers(0, 10**6), step_size=st.integers(1, 5000),
-       mode=st.sampled_from(["triangular", "triangular2", "exp_range"]), gamma=st.floats(0.0, 1.0))
+@given(
+    step=st.integers(0, 10**6),
+    step_size=st.integers(1, 5000),
+    mode=st.sampled_from(["triangular", "triangular2", "exp_range"]),
+    gamma=st.floats(0.0, 1.0),
+)
 def test_cyclical_height_stays_in_unit_interval(step, step_size, mode, gamma):
     value = cyclical_scale(step, step_size, mode, gamma)
     assert 0.0 <= value <= 1.0 and math.isfinite(value)

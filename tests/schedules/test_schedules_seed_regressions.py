@@ -17,11 +17,11 @@ import torch.nn.functional as F
 import yaml
 
 from trainopt.config.training import load_config
-from trainopt.schedules.finder import LearningRateFinder
-from trainopt.schedules.plots import plot_schedule, schedule_gallery
 from trainopt.schedules.adapters import cosine_annealing_schedule
 from trainopt.schedules.adaptive import AdaptiveLearningRate
 from trainopt.schedules.debug import debug_lr_schedule
+from trainopt.schedules.finder import LearningRateFinder
+from trainopt.schedules.plots import plot_schedule, schedule_gallery
 from trainopt.schedules.registry import PolynomialDecaySchedule, SchedulerInterface
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,9 @@ def rates(sched, steps: int) -> list[float]:
 
 
 def test_seed_cosine_ignored_min_lr():
-    lrs = rates(cosine_annealing_schedule(sgd(1e-3), total_steps=100, warmup_steps=10, min_lr=1e-5), 101)
+    lrs = rates(
+        cosine_annealing_schedule(sgd(1e-3), total_steps=100, warmup_steps=10, min_lr=1e-5), 101
+    )
     assert lrs[100] == pytest.approx(1e-5, rel=1e-12)
     assert min(lrs[10:]) >= 1e-5 * (1 - 1e-12)
 
@@ -149,6 +151,9 @@ def test_seed_plot_lr_schedule_called_plt_show(monkeypatch):
         raise AssertionError("plt.show() called")
 
     monkeypatch.setattr(plt, "show", no_show)
-    for fig in (plot_schedule("cosine_annealing", total_steps=50, warmup_steps=5), schedule_gallery(200)):
+    for fig in (
+        plot_schedule("cosine_annealing", total_steps=50, warmup_steps=5),
+        schedule_gallery(200),
+    ):
         assert isinstance(fig, matplotlib.figure.Figure)
         plt.close(fig)

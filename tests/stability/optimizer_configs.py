@@ -16,8 +16,13 @@ from typing import Any
 import torch
 
 VARIANTS: dict[str, list[dict[str, Any]]] = {
-    "SGD": [{}, {"momentum": 0.9}, {"momentum": 0.9, "nesterov": True},
-            {"momentum": 0.9, "weight_decay": 0.01, "maximize": True}, {"momentum": 0.9, "dampening": 0.1}],
+    "SGD": [
+        {},
+        {"momentum": 0.9},
+        {"momentum": 0.9, "nesterov": True},
+        {"momentum": 0.9, "weight_decay": 0.01, "maximize": True},
+        {"momentum": 0.9, "dampening": 0.1},
+    ],
     "Adam": [{}, {"amsgrad": True, "weight_decay": 0.01}],
     "AdamW": [{}, {"amsgrad": True}],
     "Adagrad": [{}, {"lr_decay": 0.01, "initial_accumulator_value": 0.1}],
@@ -28,16 +33,27 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
 }
 
 # What the stabilizer refuses, and why (the error must say so): the rest must be held exactly.
-REFUSED = {"LBFGS": "closure", "SparseAdam": "sparse", "SGD(momentum=0.9, dampening=0.1)": "dampening"}
+REFUSED = {
+    "LBFGS": "closure",
+    "SparseAdam": "sparse",
+    "SGD(momentum=0.9, dampening=0.1)": "dampening",
+}
 
 # Muon only takes matrices; every other class trains a model with biases too.
 MATRICES_ONLY = {"Muon"}
 
 
 def optimizer_classes() -> list[type]:
-    return sorted((cls for cls in vars(torch.optim).values()
-                   if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)
-                   and cls is not torch.optim.Optimizer), key=lambda cls: cls.__name__)
+    return sorted(
+        (
+            cls
+            for cls in vars(torch.optim).values()
+            if isinstance(cls, type)
+            and issubclass(cls, torch.optim.Optimizer)
+            and cls is not torch.optim.Optimizer
+        ),
+        key=lambda cls: cls.__name__,
+    )
 
 
 @dataclass(frozen=True)
@@ -64,8 +80,12 @@ class OptimizerConfig:
         torch.manual_seed(seed)
         bias = self.cls.__name__ not in MATRICES_ONLY
         if self.cls is torch.optim.SparseAdam:
-            return torch.nn.Sequential(torch.nn.Embedding(8, 6, sparse=True), torch.nn.Linear(6, 3, bias=bias))
-        return torch.nn.Sequential(torch.nn.Linear(6, 5, bias=bias), torch.nn.Tanh(), torch.nn.Linear(5, 3, bias=bias))
+            return torch.nn.Sequential(
+                torch.nn.Embedding(8, 6, sparse=True), torch.nn.Linear(6, 3, bias=bias)
+            )
+        return torch.nn.Sequential(
+            torch.nn.Linear(6, 5, bias=bias), torch.nn.Tanh(), torch.nn.Linear(5, 3, bias=bias)
+        )
 
 
 def _offered(cls: type, settings: dict[str, Any], implementation: dict[str, Any]) -> bool:
@@ -92,7 +112,10 @@ def optimizer_configs() -> list[OptimizerConfig]:
             implementations.append({"fused": True})
         for settings in VARIANTS.get(cls.__name__, [{}]):
             for implementation in implementations:
-                if _offered(cls, settings, implementation) or cls.__name__ in ("LBFGS", "SparseAdam"):
+                if _offered(cls, settings, implementation) or cls.__name__ in (
+                    "LBFGS",
+                    "SparseAdam",
+                ):
                     configs.append(OptimizerConfig(cls, settings, implementation))
                     if cls.__name__ in ("LBFGS", "SparseAdam"):
                         break
@@ -123,8 +146,9 @@ def assert_same(a: Any, b: Any, where: str = "") -> None:
     """Bitwise equal tensors (NaN where NaN), equal everything else."""
     if torch.is_tensor(a):
         assert torch.is_tensor(b) and a.shape == b.shape, where
-        assert torch.equal(a, b) or bool(((a == b) | (a.isnan() & b.isnan())).all()), \
+        assert torch.equal(a, b) or bool(((a == b) | (a.isnan() & b.isnan())).all()), (
             f"{where}: max difference {(a.double() - b.double()).abs().max().item()}"
+        )
     elif isinstance(a, dict):
         assert a.keys() == b.keys(), f"{where}: keys {sorted(a)} != {sorted(b)}"
         for key in a:

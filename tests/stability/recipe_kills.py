@@ -71,6 +71,7 @@ def install(point: str, n: int) -> None:
             if not due():
                 return atomic_write(path, write, verify)
             if point == "mid-write":
+
                 def half(f: Any) -> None:
                     whole = io.BytesIO()
                     write(whole)
@@ -78,12 +79,15 @@ def install(point: str, n: int) -> None:
                     f.write(data[: len(data) // 2])
                     f.flush()
                     _die()
+
                 return atomic_write(path, half, verify)
             if point == "unrenamed":
+
                 def verified_then_die(tmp: Any) -> None:
                     if verify is not None:
                         verify(tmp)
                     _die()
+
                 return atomic_write(path, write, verified_then_die)
             atomic_write(path, write, verify)
             _die()
@@ -98,4 +102,4 @@ if __name__ == "__main__":
     from trainopt.config.cli import run_command
     from trainopt.stability.recipe import main
 
-    sys.exit(run_command(main, sys.argv[separator + 1:]))
+    sys.exit(run_command(main, sys.argv[separator + 1 :]))

@@ -7,15 +7,14 @@ Shared by ``test_checkpoint_schedulers.py`` and the process it SIGKILLs.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from scheduler_configs import SCHEDULERS
 from torch.optim import lr_scheduler as ls
 
-from scheduler_configs import SCHEDULERS
 from trainopt.schedules import AdaptiveLearningRate
 from trainopt.stability.checkpoint import CheckpointManager
 
@@ -31,10 +30,15 @@ def metric(step: int) -> float:
 def build(name: str, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
     """Model, optimizer and scheduler ``name``, from scratch; reseeds torch's generator with ``seed``."""
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Dropout(0.2), torch.nn.Linear(8, 3))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Dropout(0.2), torch.nn.Linear(8, 3)
+    )
     params = list(model.parameters())
-    opt = torch.optim.SGD([{"params": params[:2], "lr": 0.1}, {"params": params[2:], "lr": 0.05}],
-                          lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(
+        [{"params": params[:2], "lr": 0.1}, {"params": params[2:], "lr": 0.05}],
+        lr=0.1,
+        momentum=0.9,
+    )
     return model, opt, SCHEDULERS[name](opt)
 
 
@@ -80,7 +84,9 @@ def stabilized(name: str, folder: str | Path, seed: int) -> dict[str, Any]:
     from trainopt.stability.stabilizer import TrainingStabilizer
 
     model, opt, sched = build(name, seed)
-    recovery = TrainingRecovery(model, opt, CheckpointManager(folder, save_every=10), scheduler=sched)
+    recovery = TrainingRecovery(
+        model, opt, CheckpointManager(folder, save_every=10), scheduler=sched
+    )
     stabilizer = TrainingStabilizer(model, opt, sched, recovery=recovery, check_every=10)
     return {"model": model, "optimizer": opt, "scheduler": sched, "stabilizer": stabilizer}
 

@@ -15,7 +15,10 @@ import copy
 
 import pytest
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn, get_ema_multi_avg_fn
 
 from trainopt.stability import (
@@ -38,12 +41,16 @@ def keep_an_ema(optimizer, args, kwargs) -> None:
     pass
 
 
-@pytest.mark.parametrize("register, kind", [
-    (lambda opt, hook: opt.register_step_pre_hook(hook), "pre hook of this optimizer"),
-    (lambda opt, hook: opt.register_step_post_hook(hook), "post hook of this optimizer"),
-    (lambda opt, hook: register_optimizer_step_pre_hook(hook), "global pre hook"),
-    (lambda opt, hook: register_optimizer_step_post_hook(hook), "global post hook"),
-], ids=["pre", "post", "global-pre", "global-post"])
+@pytest.mark.parametrize(
+    "register, kind",
+    [
+        (lambda opt, hook: opt.register_step_pre_hook(hook), "pre hook of this optimizer"),
+        (lambda opt, hook: opt.register_step_post_hook(hook), "post hook of this optimizer"),
+        (lambda opt, hook: register_optimizer_step_pre_hook(hook), "global pre hook"),
+        (lambda opt, hook: register_optimizer_step_post_hook(hook), "global post hook"),
+    ],
+    ids=["pre", "post", "global-pre", "global-post"],
+)
 def test_an_optimizer_with_step_hooks_is_refused_and_each_hook_is_named(register, kind) -> None:
     optimizer = _optimizer()
     check_no_step_hooks(optimizer)
@@ -61,11 +68,15 @@ def test_an_optimizer_with_step_hooks_is_refused_and_each_hook_is_named(register
 
 def test_every_hook_is_named() -> None:
     optimizer = _optimizer()
-    handles = [optimizer.register_step_post_hook(keep_an_ema),
-               optimizer.register_step_pre_hook(copy.deepcopy)]
+    handles = [
+        optimizer.register_step_post_hook(keep_an_ema),
+        optimizer.register_step_pre_hook(copy.deepcopy),
+    ]
     try:
-        with pytest.raises(UnsupportedOptimizerError, match="pre hook of this optimizer deepcopy, "
-                                                            "post hook of this optimizer keep_an_ema"):
+        with pytest.raises(
+            UnsupportedOptimizerError,
+            match="pre hook of this optimizer deepcopy, post hook of this optimizer keep_an_ema",
+        ):
             check_no_step_hooks(optimizer)
     finally:
         for handle in handles:
@@ -77,7 +88,9 @@ def test_every_hook_is_named() -> None:
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    return torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2)
+    )
 
 
 AVERAGES = {
@@ -85,7 +98,9 @@ AVERAGES = {
     "ema multi_avg_fn": {"multi_avg_fn": get_ema_multi_avg_fn(0.9)},
     "ema avg_fn": {"avg_fn": get_ema_avg_fn(0.8)},
     "own avg_fn": {"avg_fn": lambda avg, new, n: avg * 0.5 + new * 0.25 + n * 0.125},
-    "own multi_avg_fn": {"multi_avg_fn": lambda avgs, news, n: torch._foreach_add_(avgs, news, alpha=0.3)},
+    "own multi_avg_fn": {
+        "multi_avg_fn": lambda avgs, news, n: torch._foreach_add_(avgs, news, alpha=0.3)
+    },
     "running mean with buffers": {"use_buffers": True},
     "ema with buffers": {"multi_avg_fn": get_ema_multi_avg_fn(0.9), "use_buffers": True},
 }
@@ -148,8 +163,10 @@ BAD = 3  # the batch with a NaN input
 
 def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(8, 3, generator=generator), torch.randint(0, 2, (8,), generator=generator))
-               for _ in range(8)]
+    batches = [
+        (torch.randn(8, 3, generator=generator), torch.randint(0, 2, (8,), generator=generator))
+        for _ in range(8)
+    ]
     batches[BAD][0][0, 0] = float("nan")
     return batches
 

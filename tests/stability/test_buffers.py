@@ -36,8 +36,15 @@ def _cnn(seed: int = 0) -> nn.Sequential:
     torch.manual_seed(seed)
     return nn.Sequential(
         nn.Unflatten(1, (1, 8, 8)),
-        nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(8 * 16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10),
+        nn.Conv2d(1, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(8 * 16, 32),
+        nn.BatchNorm1d(32),
+        nn.ReLU(),
+        nn.Linear(32, 10),
     )
 
 
@@ -45,7 +52,7 @@ def _batches(x: torch.Tensor, y: torch.Tensor, steps: int, poison: bool):
     """Batches ``0 .. steps``; batch ``POISONED`` gets one NaN pixel, or is left out (poison False)."""
     for step in range(steps):
         start = (step * BATCH) % (len(x) - BATCH)
-        xb, yb = x[start:start + BATCH].clone(), y[start:start + BATCH]
+        xb, yb = x[start : start + BATCH].clone(), y[start : start + BATCH]
         if step == POISONED:
             if not poison:
                 continue  # plain torch: the batch is left out
@@ -82,9 +89,11 @@ def test_a_skipped_nan_pixel_leaves_the_running_statistics_as_if_the_batch_was_n
     assert _accuracy(poisoned, digits) > 0.95
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"use_buffers": True},
-                                    {"multi_avg_fn": get_ema_multi_avg_fn(0.9), "use_buffers": True}],
-                         ids=["buffers copied", "running mean with buffers", "ema with buffers"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"use_buffers": True}, {"multi_avg_fn": get_ema_multi_avg_fn(0.9), "use_buffers": True}],
+    ids=["buffers copied", "running mean with buffers", "ema with buffers"],
+)
 def test_an_averaged_model_takes_no_nan_buffers_from_a_skipped_step(digits, kwargs):
     _, _, poisoned = _train(digits, poison=True, steps=20, averaged_kwargs=kwargs)
     _, _, clean = _train(digits, poison=False, steps=20, averaged_kwargs=kwargs)
@@ -102,7 +111,10 @@ def test_a_skipped_step_of_several_micro_batches_restores_what_all_of_them_moved
         if step == 2:
             before = {k: v.clone() for k, v in model.state_dict().items()}
         for micro in range(3):
-            xb, yb = x[BATCH * micro:BATCH * micro + BATCH].clone(), y[BATCH * micro:BATCH * micro + BATCH]
+            xb, yb = (
+                x[BATCH * micro : BATCH * micro + BATCH].clone(),
+                y[BATCH * micro : BATCH * micro + BATCH],
+            )
             if step == 2 and micro == 1:
                 xb[0, 20] = math.nan  # the second of three micro-batches: the first moved them too
             stabilizer.step(lambda: F.cross_entropy(model(xb), yb))
@@ -123,7 +135,9 @@ def test_the_stabilized_step_with_batchnorm_makes_no_host_sync(digits):
         stabilizer.step(lambda: F.cross_entropy(model(xb), yb))
     with HostSyncCounter() as counter:
         for step in range(50):
-            batch = bad if step == 25 else xb  # a skipped step in the window: restored on the device
+            batch = (
+                bad if step == 25 else xb
+            )  # a skipped step in the window: restored on the device
             stabilizer.step(lambda: F.cross_entropy(model(batch), yb))
     assert stabilizer.last_report is None  # no boundary was crossed
     assert counter.count == 0, counter.stacks
@@ -206,8 +220,9 @@ def test_a_nonfinite_buffer_makes_weights_finite_false(watched):
         checker = StabilityChecker(model, check_every=5)
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        checker = StabilityChecker(optimizer, gradient_monitor=GradientMonitor(optimizer, check_every=5),
-                                   check_every=5)
+        checker = StabilityChecker(
+            optimizer, gradient_monitor=GradientMonitor(optimizer, check_every=5), check_every=5
+        )
         checker.gradient_monitor.watch_buffers(model)
     reports = []
     for nan in (False, True):
@@ -229,7 +244,10 @@ def test_a_nan_buffer_that_got_through_rolls_the_run_back(digits, tmp_path):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
     stabilizer = TrainingStabilizer(model, optimizer, checkpoint_dir=tmp_path, check_every=10)
     for step in range(20):
-        xb, yb = x[BATCH * step:BATCH * step + BATCH].clone(), y[BATCH * step:BATCH * step + BATCH]
+        xb, yb = (
+            x[BATCH * step : BATCH * step + BATCH].clone(),
+            y[BATCH * step : BATCH * step + BATCH],
+        )
         if step == 14:
             xb[0, 27] = 1e20  # finite: so are the loss and the gradients, but running_var overflows
         stabilizer.step(lambda: F.cross_entropy(model(xb), yb))

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from trainopt.stability.checkpoint import CheckpointError, CheckpointManager
-from trainopt.stability.rng import get_rng_state, set_rng_state
 from trainopt.stability.clipping import AdaptiveGradientClipper, ZScoreClipper
 from trainopt.stability.data import ResumableSampler
 from trainopt.stability.gradients import GradientMonitor
 from trainopt.stability.monitors import LossStabilityMonitor
 from trainopt.stability.recovery import TrainingRecovery
+from trainopt.stability.rng import get_rng_state, set_rng_state
 from trainopt.stability.scaling import DynamicLossScaler
 
 
@@ -37,7 +37,9 @@ def train(model, opt, steps: int = 3) -> None:
 def assert_state_equal(a, b) -> None:
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
-        assert torch.equal(a, b) or bool((a.isnan() == b.isnan()).all() and (a[~a.isnan()] == b[~b.isnan()]).all())
+        assert torch.equal(a, b) or bool(
+            (a.isnan() == b.isnan()).all() and (a[~a.isnan()] == b[~b.isnan()]).all()
+        )
     elif isinstance(a, dict):
         assert a.keys() == b.keys()
         for k in a:
@@ -69,7 +71,10 @@ def test_save_writes_named_files_and_keeps_last(tmp_path):
     for step in (10, 20, 30, 40):
         path = manager.save_checkpoint(model, opt, step, loss=1.0)
         assert path == tmp_path / f"checkpoint_step_{step}.pt"
-    assert [p.name for p in manager.checkpoints()] == ["checkpoint_step_30.pt", "checkpoint_step_40.pt"]
+    assert [p.name for p in manager.checkpoints()] == [
+        "checkpoint_step_30.pt",
+        "checkpoint_step_40.pt",
+    ]
     assert (tmp_path / "best_checkpoint.pt").exists()
     assert not list(tmp_path.glob(".*.tmp"))
 
@@ -79,7 +84,9 @@ def test_checkpoints_sort_by_step_number_not_name(tmp_path):
     manager = CheckpointManager(tmp_path, keep_last=None)
     for step in (9, 100, 20):
         manager.save_checkpoint(model, opt, step, 1.0)
-    assert [p.name for p in manager.checkpoints()] == [f"checkpoint_step_{s}.pt" for s in (9, 20, 100)]
+    assert [p.name for p in manager.checkpoints()] == [
+        f"checkpoint_step_{s}.pt" for s in (9, 20, 100)
+    ]
     assert manager.load_latest(model, opt)[0] == 100
 
 
@@ -143,13 +150,20 @@ def test_round_trip_restores_every_component(tmp_path):
     scaler = DynamicLossScaler(init_scale=256.0, growth_interval=4, hysteresis=2)
     scaler.scale(torch.ones((), requires_grad=True))
     scaler.update(64.0)
-    clippers = {"adaptive": AdaptiveGradientClipper(warmup_steps=1), "zscore": ZScoreClipper(warmup_steps=2)}
+    clippers = {
+        "adaptive": AdaptiveGradientClipper(warmup_steps=1),
+        "zscore": ZScoreClipper(warmup_steps=2),
+    }
     for step in range(4):
         for c in clippers.values():
             model(torch.randn(2, 4)).sum().backward()
             c(model)
-    monitors = {"loss": LossStabilityMonitor(check_every=3), "gradients": GradientMonitor(opt, min_history=2),
-                "data": ResumableSampler(10, 3, seed=4), "recovery": TrainingRecovery(model, opt, None, lr_factor=0.3)}
+    monitors = {
+        "loss": LossStabilityMonitor(check_every=3),
+        "gradients": GradientMonitor(opt, min_history=2),
+        "data": ResumableSampler(10, 3, seed=4),
+        "recovery": TrainingRecovery(model, opt, None, lr_factor=0.3),
+    }
     for value in (1.0, 1.2, 0.9, 5.0):
         monitors["loss"].update(torch.tensor(value))
         monitors["gradients"].update()
@@ -162,11 +176,22 @@ def test_round_trip_restores_every_component(tmp_path):
     model2, opt2 = make(seed=1)
     scheduler2 = torch.optim.lr_scheduler.LambdaLR(opt2, [Warmup(1)])
     scaler2 = DynamicLossScaler()
-    clippers2 = {"adaptive": AdaptiveGradientClipper(), "zscore": ZScoreClipper(),
-                 "loss": LossStabilityMonitor(), "gradients": GradientMonitor(opt2), "data": ResumableSampler(10, 3, seed=4),
-                 "recovery": TrainingRecovery(model2, opt2, None)}
-    step, loss = manager.load_checkpoint(model2, opt2, tmp_path / "checkpoint_step_7.pt",
-                                         scheduler=scheduler2, scaler=scaler2, extra=clippers2)
+    clippers2 = {
+        "adaptive": AdaptiveGradientClipper(),
+        "zscore": ZScoreClipper(),
+        "loss": LossStabilityMonitor(),
+        "gradients": GradientMonitor(opt2),
+        "data": ResumableSampler(10, 3, seed=4),
+        "recovery": TrainingRecovery(model2, opt2, None),
+    }
+    step, loss = manager.load_checkpoint(
+        model2,
+        opt2,
+        tmp_path / "checkpoint_step_7.pt",
+        scheduler=scheduler2,
+        scaler=scaler2,
+        extra=clippers2,
+    )
     assert (step, loss) == (7, 0.25)
     assert_state_equal(model.state_dict(), model2.state_dict())
     assert_state_equal(opt.state_dict(), opt2.state_dict())
@@ -185,7 +210,9 @@ def test_files_load_with_weights_only_including_lambda_lr_and_grad_scaler(tmp_pa
     train(model, opt)
     scheduler.step()
     scaler = torch.amp.GradScaler("cpu")
-    path = CheckpointManager(tmp_path).save_checkpoint(model, opt, 1, 1.0, scheduler=scheduler, scaler=scaler)
+    path = CheckpointManager(tmp_path).save_checkpoint(
+        model, opt, 1, 1.0, scheduler=scheduler, scaler=scaler
+    )
     payload = torch.load(path, weights_only=True)
     assert payload["scheduler"]["lr_lambdas"] == [None]
     assert payload["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.999)
@@ -251,7 +278,9 @@ def test_load_refuses_when_requested_state_is_missing(tmp_path):
     with pytest.raises(CheckpointError, match="scheduler"):
         CheckpointManager(tmp_path).load_checkpoint(model, opt, path, scheduler=sched)
     with pytest.raises(CheckpointError, match="clipper"):
-        CheckpointManager(tmp_path).load_checkpoint(model, opt, path, extra={"clipper": ZScoreClipper()})
+        CheckpointManager(tmp_path).load_checkpoint(
+            model, opt, path, extra={"clipper": ZScoreClipper()}
+        )
 
 
 # --------------------------------------------------------------------------- atomicity and corruption
@@ -271,7 +300,10 @@ def test_failed_write_keeps_the_previous_file_and_leaves_no_temporary(tmp_path, 
     with pytest.raises(OSError, match="disk full"):
         manager.save_checkpoint(model, opt, 1, 0.5)
     assert path.read_bytes() == good
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["best_checkpoint.pt", "checkpoint_step_1.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "best_checkpoint.pt",
+        "checkpoint_step_1.pt",
+    ]
 
 
 def test_write_is_fsynced_then_renamed_then_directory_fsynced(tmp_path, monkeypatch):
@@ -302,7 +334,9 @@ def test_load_latest_skips_a_corrupt_newest_file_with_a_warning(tmp_path, damage
         manager.save_checkpoint(model, opt, step, 10.0 - step)
     newest = tmp_path / "checkpoint_step_3.pt"
     data = newest.read_bytes()
-    newest.write_bytes({"truncate": data[: len(data) // 2], "garbage": os.urandom(1000), "empty": b""}[damage])
+    newest.write_bytes(
+        {"truncate": data[: len(data) // 2], "garbage": os.urandom(1000), "empty": b""}[damage]
+    )
     model2, opt2 = make(seed=4)
     with pytest.warns(UserWarning, match="checkpoint_step_3.pt"):
         assert manager.load_latest(model2, opt2) == (2, 8.0)
@@ -325,7 +359,9 @@ def test_load_latest_falls_back_to_best_then_none(tmp_path):
     manager = CheckpointManager(tmp_path)
     assert manager.load_latest(model, opt) is None
     manager.save_checkpoint(model, opt, 1, 1.0)
-    (tmp_path / "checkpoint_step_1.pt").unlink()  # best may be a hard link to it: replace, not overwrite
+    (
+        tmp_path / "checkpoint_step_1.pt"
+    ).unlink()  # best may be a hard link to it: replace, not overwrite
     (tmp_path / "checkpoint_step_1.pt").write_bytes(b"")
     with pytest.warns(UserWarning, match="checkpoint_step_1.pt"):
         assert manager.load_latest(model, opt) == (1, 1.0)  # from best_checkpoint.pt
@@ -371,4 +407,3 @@ def test_cuda_rng_and_map_location(tmp_path):
     cpu_model, _ = make(seed=6)
     manager.load_latest(cpu_model, None, map_location="cpu")  # a GPU checkpoint loads on CPU
     assert next(cpu_model.parameters()).device.type == "cpu"
-

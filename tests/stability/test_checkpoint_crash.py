@@ -69,12 +69,17 @@ HELPER = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork (POSIX) for the writer processes")
+@pytest.mark.skipif(
+    not hasattr(os, "fork"), reason="needs os.fork (POSIX) for the writer processes"
+)
 def test_load_latest_survives_sigkill_at_random_moments(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     helper = subprocess.Popen(
         [sys.executable, "-c", HELPER, str(tmp_path), str(ROUNDS)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     try:
         assert helper.stdout.readline().strip() == "ready"
@@ -97,7 +102,9 @@ def test_load_latest_survives_sigkill_at_random_moments(tmp_path):
             for p in model.parameters():
                 assert torch.all(p == step)
             for state in opt.state.values():
-                assert torch.all(state["exp_avg"] == step) and torch.all(state["exp_avg_sq"] == step)
+                assert torch.all(state["exp_avg"] == step) and torch.all(
+                    state["exp_avg_sq"] == step
+                )
             seen_steps.append(step)
             assert not list(tmp_path.glob(".*.tmp"))  # the killed writer's temporaries are cleaned
         assert helper.wait(timeout=30) == 0

@@ -36,7 +36,9 @@ def _trained(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int = 2)
 # --------------------------------------------------------------------------- newest by the step held
 
 
-def test_a_copy_with_a_larger_number_in_its_name_but_an_older_step_is_not_the_newest(tmp_path) -> None:
+def test_a_copy_with_a_larger_number_in_its_name_but_an_older_step_is_not_the_newest(
+    tmp_path,
+) -> None:
     model = _model()
     manager = CheckpointManager(tmp_path, keep_last=None)
     for step in (10, 20):
@@ -69,8 +71,10 @@ def test_keep_last_prunes_by_the_step_held(tmp_path) -> None:
     shutil.copy(manager.path_for(10), manager.path_for(99))
     with pytest.warns(UserWarning, match="holds step 10"):
         manager.save_checkpoint(model, None, 30, loss=1.0)
-    assert sorted(p.name for p in tmp_path.glob("checkpoint_step_*")) == ["checkpoint_step_20.pt",
-                                                                         "checkpoint_step_30.pt"]
+    assert sorted(p.name for p in tmp_path.glob("checkpoint_step_*")) == [
+        "checkpoint_step_20.pt",
+        "checkpoint_step_30.pt",
+    ]
 
 
 def test_an_overwritten_file_is_read_again(tmp_path) -> None:
@@ -80,9 +84,14 @@ def test_an_overwritten_file_is_read_again(tmp_path) -> None:
         manager.save_checkpoint(model, None, step, loss=1.0)
     assert manager.checkpoints()[-1].name == "checkpoint_step_20.pt"
     other = CheckpointManager(tmp_path / "other")
-    shutil.copy(other.save_checkpoint(model, None, 5, loss=1.0), manager.path_for(20))  # same name, step 5
+    shutil.copy(
+        other.save_checkpoint(model, None, 5, loss=1.0), manager.path_for(20)
+    )  # same name, step 5
     with pytest.warns(UserWarning, match="holds step 5"):
-        assert [p.name for p in manager.checkpoints()] == ["checkpoint_step_20.pt", "checkpoint_step_10.pt"]
+        assert [p.name for p in manager.checkpoints()] == [
+            "checkpoint_step_20.pt",
+            "checkpoint_step_10.pt",
+        ]
 
 
 # --------------------------------------------------------------------------- optimizer state that does not fit
@@ -108,7 +117,9 @@ def _assert_same(a: Any, b: Any) -> None:
 
 
 @pytest.mark.parametrize("stepped", [False, True], ids=["fresh optimizer", "optimizer with state"])
-def test_optimizer_state_of_another_parameter_order_is_refused_naming_the_parameter(tmp_path, stepped) -> None:
+def test_optimizer_state_of_another_parameter_order_is_refused_naming_the_parameter(
+    tmp_path, stepped
+) -> None:
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     _trained(model, opt)
@@ -117,14 +128,18 @@ def test_optimizer_state_of_another_parameter_order_is_refused_naming_the_parame
 
     target = _model(seed=1)
     weight0, bias0, weight2, bias2 = target.parameters()
-    reordered = torch.optim.AdamW([weight2, bias2, weight0, bias0], lr=1e-2)  # the same model, another order
+    reordered = torch.optim.AdamW(
+        [weight2, bias2, weight0, bias0], lr=1e-2
+    )  # the same model, another order
     if stepped:
         _trained(target, reordered)
     before = _snapshot(target, reordered)
     with pytest.raises(CheckpointError) as caught:
         manager.load_latest(target, reordered)
-    assert ("checkpoint_step_2.pt does not fit the optimizer: param_groups[0] parameter 0 ('2.weight', index 0): "
-            "state 'exp_avg' has shape (4, 2) in the file, (2, 4) in the optimizer") in str(caught.value)
+    assert (
+        "checkpoint_step_2.pt does not fit the optimizer: param_groups[0] parameter 0 ('2.weight', index 0): "
+        "state 'exp_avg' has shape (4, 2) in the file, (2, 4) in the optimizer"
+    ) in str(caught.value)
     _assert_same(_snapshot(target, reordered), before)
 
 
@@ -137,8 +152,11 @@ def test_optimizer_state_of_another_shape_is_refused_before_the_next_step(tmp_pa
     wide = torch.nn.Linear(5, 3, bias=False)
     wide_opt = torch.optim.SGD(wide.parameters(), lr=0.1, momentum=0.9)
     _rewrite(path, _set(("model",), wide.state_dict()))  # only the optimizer state is another shape
-    with pytest.raises(CheckpointError, match=r"parameter 0 \('weight', index 0\): state 'momentum_buffer' "
-                                              r"has shape \(3, 3\) in the file, \(3, 5\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"parameter 0 \('weight', index 0\): state 'momentum_buffer' "
+        r"has shape \(3, 3\) in the file, \(3, 5\)",
+    ):
         CheckpointManager(tmp_path).load_checkpoint(wide, wide_opt, path)
 
 
@@ -153,33 +171,44 @@ def _rewrite(path: Path, edit: Any) -> None:
 def _optimizers() -> dict[str, Any]:
     found = {}
     for name, cls in vars(torch.optim).items():
-        if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer \
-                and name != "SparseAdam":  # sparse gradients only
+        if (
+            isinstance(cls, type)
+            and issubclass(cls, torch.optim.Optimizer)
+            and cls is not torch.optim.Optimizer
+            and name != "SparseAdam"
+        ):  # sparse gradients only
             found[name] = lambda params, cls=cls: cls(params, lr=1e-2)
     found["Adam(amsgrad)"] = lambda params: torch.optim.Adam(params, lr=1e-2, amsgrad=True)
     found["SGD(momentum)"] = lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9)
-    found["RMSprop(centered, momentum)"] = lambda params: torch.optim.RMSprop(params, lr=1e-2, centered=True,
-                                                                              momentum=0.9)
+    found["RMSprop(centered, momentum)"] = lambda params: torch.optim.RMSprop(
+        params, lr=1e-2, centered=True, momentum=0.9
+    )
     return found
 
 
 @pytest.mark.parametrize("name, make", _optimizers().items(), ids=_optimizers().keys())
 def test_the_state_of_every_torch_optimizer_loads_and_per_parameter_state_has_its_parameters_shape(
-        tmp_path, name, make) -> None:
+    tmp_path, name, make
+) -> None:
     """No false refusals: Adafactor's row and column variances, LBFGS's flat vectors load."""
+
     def build(seed: int):
         torch.manual_seed(seed)
-        shapes = [(3, 5), (2, 3)] if name == "Muon" else [(3, 5), (4,), (2, 3, 4)]  # Muon: matrices only
+        shapes = (
+            [(3, 5), (2, 3)] if name == "Muon" else [(3, 5), (4,), (2, 3, 4)]
+        )  # Muon: matrices only
         module = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(s)) for s in shapes])
         return module, make(module.parameters())
 
     module, opt = build(0)
     for _ in range(2):
+
         def closure():
             opt.zero_grad()
-            loss = sum((p ** 2).sum() for p in module.parameters())
+            loss = sum((p**2).sum() for p in module.parameters())
             loss.backward()
             return loss
+
         opt.step(closure)
     for p in module.parameters():
         for key, value in opt.state[p].items():
@@ -211,45 +240,73 @@ def _set(path: tuple, value: Any):
         for key in path[:-1]:
             target = target[key]
         target[path[-1]] = value
+
     return edit
 
 
 BROKEN = {
-    "a model entry that is not a tensor": (_set(("model", "0.weight"), "weights"),
-                                           "the model: 0.weight: a str in the file, a tensor in the model"),
+    "a model entry that is not a tensor": (
+        _set(("model", "0.weight"), "weights"),
+        "the model: 0.weight: a str in the file, a tensor in the model",
+    ),
     "a model state that is a list": (_set(("model",), [1, 2]), "model is a list, must be dict"),
-    "an optimizer state that is not a state dict": (_set(("optimizer",), {"state": []}),
-                                                    "the optimizer: not an optimizer state dict"),
-    "optimizer params that are not a list": (_set(("optimizer", "param_groups", 0, "params"), 3),
-                                             "the optimizer: param_groups[0] is not a dict with a list 'params'"),
-    "optimizer state that is not a tensor": (_set(("optimizer", "state", 1, "exp_avg"), "x"),
-                                             "parameter 1 ('0.bias', index 1): state 'exp_avg' is a str"),
-    "a scheduler value of another kind": (_set(("scheduler", "last_epoch"), "3"),
-                                          "the scheduler: last_epoch is a str in the file, a number here"),
-    "a scheduler state that is not a dict": (_set(("scheduler",), [0.1]), "the scheduler: a list, not a state dict"),
-    "an extra object's load_state_dict raising TypeError": (_set(("extra", "counter", "n"), None),
-                                                            "the extra['counter']: TypeError"),
-    "an extra object's load_state_dict raising KeyError": (_set(("extra", "counter"), {}),
-                                                           "the extra['counter']: KeyError"),
-    "random number generator states that do not load": (_set(("rng", "torch"), torch.zeros(3)),
-                                                        "the random number generators: TypeError"),
+    "an optimizer state that is not a state dict": (
+        _set(("optimizer",), {"state": []}),
+        "the optimizer: not an optimizer state dict",
+    ),
+    "optimizer params that are not a list": (
+        _set(("optimizer", "param_groups", 0, "params"), 3),
+        "the optimizer: param_groups[0] is not a dict with a list 'params'",
+    ),
+    "optimizer state that is not a tensor": (
+        _set(("optimizer", "state", 1, "exp_avg"), "x"),
+        "parameter 1 ('0.bias', index 1): state 'exp_avg' is a str",
+    ),
+    "a scheduler value of another kind": (
+        _set(("scheduler", "last_epoch"), "3"),
+        "the scheduler: last_epoch is a str in the file, a number here",
+    ),
+    "a scheduler state that is not a dict": (
+        _set(("scheduler",), [0.1]),
+        "the scheduler: a list, not a state dict",
+    ),
+    "an extra object's load_state_dict raising TypeError": (
+        _set(("extra", "counter", "n"), None),
+        "the extra['counter']: TypeError",
+    ),
+    "an extra object's load_state_dict raising KeyError": (
+        _set(("extra", "counter"), {}),
+        "the extra['counter']: KeyError",
+    ),
+    "random number generator states that do not load": (
+        _set(("rng", "torch"), torch.zeros(3)),
+        "the random number generators: TypeError",
+    ),
     "a missing entry": (lambda payload: payload.pop("rng"), "is incomplete: missing ['rng']"),
-    "a step that is not an int": (_set(("step",), "2"), "step is a str, must be a non-negative int"),
-    "a loss that is not a number": (_set(("loss",), None), "loss is a NoneType, must be int or float"),
+    "a step that is not an int": (
+        _set(("step",), "2"),
+        "step is a str, must be a non-negative int",
+    ),
+    "a loss that is not a number": (
+        _set(("loss",), None),
+        "loss is a NoneType, must be int or float",
+    ),
     "extra states that are not a dict": (_set(("extra",), []), "extra is a list, must be dict"),
 }
 
 
 @pytest.mark.parametrize("edit, message", BROKEN.values(), ids=BROKEN.keys())
 def test_every_load_failure_is_a_checkpoint_error_naming_the_file_and_piece_and_changes_nothing(
-        tmp_path, edit, message) -> None:
+    tmp_path, edit, message
+) -> None:
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
     _trained(model, opt)
     sched.step()
-    path = CheckpointManager(tmp_path).save_checkpoint(model, opt, 2, 1.0, scheduler=sched,
-                                                       extra={"counter": _Counter()})
+    path = CheckpointManager(tmp_path).save_checkpoint(
+        model, opt, 2, 1.0, scheduler=sched, extra={"counter": _Counter()}
+    )
     _rewrite(path, edit)
 
     target = _model(seed=1)
@@ -258,16 +315,30 @@ def test_every_load_failure_is_a_checkpoint_error_naming_the_file_and_piece_and_
     counter = _Counter()
     counter.n = 7
     _trained(target, target_opt, 1)
-    before = copy.deepcopy({"model": target.state_dict(), "optimizer": target_opt.state_dict(),
-                            "scheduler": target_sched.state_dict(), "counter": counter.state_dict(),
-                            "rng": get_rng_state()})
+    before = copy.deepcopy(
+        {
+            "model": target.state_dict(),
+            "optimizer": target_opt.state_dict(),
+            "scheduler": target_sched.state_dict(),
+            "counter": counter.state_dict(),
+            "rng": get_rng_state(),
+        }
+    )
     with pytest.raises(CheckpointError) as caught:
-        CheckpointManager(tmp_path).load_checkpoint(target, target_opt, path, scheduler=target_sched,
-                                                    extra={"counter": counter})
+        CheckpointManager(tmp_path).load_checkpoint(
+            target, target_opt, path, scheduler=target_sched, extra={"counter": counter}
+        )
     assert message in str(caught.value) and "checkpoint_step_2.pt" in str(caught.value)
-    _assert_same({"model": target.state_dict(), "optimizer": target_opt.state_dict(),
-                  "scheduler": target_sched.state_dict(), "counter": counter.state_dict(),
-                  "rng": get_rng_state()}, before)
+    _assert_same(
+        {
+            "model": target.state_dict(),
+            "optimizer": target_opt.state_dict(),
+            "scheduler": target_sched.state_dict(),
+            "counter": counter.state_dict(),
+            "rng": get_rng_state(),
+        },
+        before,
+    )
     target_opt.step()  # still the optimizer it was
 
 
@@ -330,22 +401,34 @@ def test_a_save_accepts_exactly_what_the_weights_only_loader_reads(tmp_path, val
         manager.load_latest(model, None, extra={"holder": holder})
         assert type(holder.value) is type(value) and repr(holder.value) == repr(value)
     else:
-        with pytest.raises(CheckpointError, match=r"checkpoint\['extra'\]\['holder'\]\['value'\].* is a "
-                                                  r"[^:]+: checkpoints hold only what torch.load\(weights_only=True\)"):
+        with pytest.raises(
+            CheckpointError,
+            match=r"checkpoint\['extra'\]\['holder'\]\['value'\].* is a "
+            r"[^:]+: checkpoints hold only what torch.load\(weights_only=True\)",
+        ):
             manager.save_checkpoint(model, None, 1, 1.0, extra={"holder": _Holder(value)})
         assert not list(tmp_path.iterdir())
 
 
 def test_the_values_that_break_the_old_check_are_accepted_and_the_others_refused() -> None:
     accepted = {name for name, value in VALUES.items() if _torch_accepts(value)}
-    assert {"Counter", "OrderedDict", "set", "complex", "bytes and bytearray", "a Parameter"} <= accepted
+    assert {
+        "Counter",
+        "OrderedDict",
+        "set",
+        "complex",
+        "bytes and bytearray",
+        "a Parameter",
+    } <= accepted
     assert not accepted & {"defaultdict", "a namedtuple", "a function", "an object"}
 
 
 def test_a_class_allowed_with_safe_globals_is_accepted(tmp_path) -> None:
     model = _model()
     with torch.serialization.safe_globals([_Point]):
-        CheckpointManager(tmp_path).save_checkpoint(model, None, 1, 1.0, extra={"holder": _Holder(_Point(4))})
+        CheckpointManager(tmp_path).save_checkpoint(
+            model, None, 1, 1.0, extra={"holder": _Holder(_Point(4))}
+        )
         holder = _Holder(None)
         CheckpointManager(tmp_path).load_latest(model, None, extra={"holder": holder})
     assert holder.value.x == 4

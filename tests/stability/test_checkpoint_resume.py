@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from trainopt.models import digits_data, digits_mlp
 from trainopt.stability.checkpoint import CheckpointManager
 from trainopt.stability.clipping import ZScoreClipper
-from trainopt.models import digits_data, digits_mlp
 from trainopt.stability.scaling import DynamicLossScaler
 
 N_STEPS = 24
@@ -126,10 +126,20 @@ def test_resume_without_rng_restore_diverges(tmp_path):
     train(first, 0, 6)
     model, opt, sched, scaler, clipper = first
     manager = CheckpointManager(tmp_path)
-    manager.save_checkpoint(model, opt, 6, 0.0, scheduler=sched, scaler=scaler, extra={"clipper": clipper})
+    manager.save_checkpoint(
+        model, opt, 6, 0.0, scheduler=sched, scaler=scaler, extra={"clipper": clipper}
+    )
     seed_everything(1234)
     resumed = build(model_seed=7)
-    manager.load_latest(resumed[0], resumed[1], scheduler=resumed[2], scaler=resumed[3],
-                        extra={"clipper": resumed[4]}, restore_rng=False)
+    manager.load_latest(
+        resumed[0],
+        resumed[1],
+        scheduler=resumed[2],
+        scaler=resumed[3],
+        extra={"clipper": resumed[4]},
+        restore_rng=False,
+    )
     train(resumed, 6, 12)
-    assert not all(torch.equal(a, b) for a, b in zip(straight[0].parameters(), resumed[0].parameters()))
+    assert not all(
+        torch.equal(a, b) for a, b in zip(straight[0].parameters(), resumed[0].parameters())
+    )

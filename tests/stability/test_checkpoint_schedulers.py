@@ -20,11 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.optim import lr_scheduler as ls
-
-import trainopt.schedules
 from restart_runs import (
-    METRIC_STEPPED,
     STEPS,
     build,
     stabilized,
@@ -32,14 +28,22 @@ from restart_runs import (
     train_stabilized,
 )
 from scheduler_configs import PROJECT, SCHEDULERS, TORCH
+from torch.optim import lr_scheduler as ls
+
+import trainopt.schedules
 from trainopt.schedules import SchedulerInterface, registered_schedulers
 from trainopt.stability.checkpoint import CheckpointManager
 
 HERE = Path(__file__).resolve().parent
 SHIPPED = frozenset(registered_schedulers())
-TORCH_CLASSES = sorted(name for name, cls in vars(ls).items() if isinstance(cls, type) and cls.__module__ == ls.__name__
-                       and (issubclass(cls, ls.LRScheduler) or cls is ls.ReduceLROnPlateau)
-                       and cls not in (ls.LRScheduler, ls._LRScheduler))
+TORCH_CLASSES = sorted(
+    name
+    for name, cls in vars(ls).items()
+    if isinstance(cls, type)
+    and cls.__module__ == ls.__name__
+    and (issubclass(cls, ls.LRScheduler) or cls is ls.ReduceLROnPlateau)
+    and cls not in (ls.LRScheduler, ls._LRScheduler)
+)
 
 
 def test_every_torch_scheduler_class_and_trainopt_schedule_is_a_case() -> None:
@@ -49,10 +53,18 @@ def test_every_torch_scheduler_class_and_trainopt_schedule_is_a_case() -> None:
     # ran: a page's or a docstring's example in the same worker may register its own later)
     assert SHIPPED and {f"registry: {name}" for name in SHIPPED} <= set(PROJECT)
     exported = [getattr(trainopt.schedules, name) for name in trainopt.schedules.__all__]
-    custom = {cls.__name__ for cls in exported if isinstance(cls, type) and issubclass(cls, SchedulerInterface)
-              and cls is not SchedulerInterface}
-    stateful = {cls for cls in exported if isinstance(cls, type) and
-                (issubclass(cls, ls.LRScheduler) or hasattr(cls, "update_lr"))}
+    custom = {
+        cls.__name__
+        for cls in exported
+        if isinstance(cls, type)
+        and issubclass(cls, SchedulerInterface)
+        and cls is not SchedulerInterface
+    }
+    stateful = {
+        cls
+        for cls in exported
+        if isinstance(cls, type) and (issubclass(cls, ls.LRScheduler) or hasattr(cls, "update_lr"))
+    }
     built = {type(make(build("StepLR", 0)[1])) for make in PROJECT.values()}
     assert custom <= set(PROJECT) and stateful <= built, (custom, stateful - built)
 
@@ -63,7 +75,9 @@ def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 @pytest.mark.parametrize("k", [5, 17])
 @pytest.mark.parametrize("name", SCHEDULERS)
-def test_saved_loaded_into_fresh_objects_and_run_on_equals_the_uninterrupted_run(tmp_path, name, k) -> None:
+def test_saved_loaded_into_fresh_objects_and_run_on_equals_the_uninterrupted_run(
+    tmp_path, name, k
+) -> None:
     straight = build(name, seed=0)
     expected = train_plain(straight, 0, STEPS)
 
@@ -74,7 +88,9 @@ def test_saved_loaded_into_fresh_objects_and_run_on_equals_the_uninterrupted_run
     del first, model, opt, sched
 
     resumed = build(name, seed=7)  # other weights, other generator state: a fresh process
-    assert CheckpointManager(tmp_path).load_latest(resumed[0], resumed[1], scheduler=resumed[2]) == (k, 0.5)
+    assert CheckpointManager(tmp_path).load_latest(
+        resumed[0], resumed[1], scheduler=resumed[2]
+    ) == (k, 0.5)
     assert train_plain(resumed, k, STEPS) == expected[k:]
     assert _same_weights(resumed[0], straight[0])
     assert len({tuple(r) for r in expected}) > 1  # the schedule moved
@@ -83,6 +99,7 @@ def test_saved_loaded_into_fresh_objects_and_run_on_equals_the_uninterrupted_run
 # ------------------------------------------------------------------ through the stabilizer
 
 KILLED_AT, RESUMED_AT = 27, 20  # killed after the step-20 checkpoint, before the step-30 one
+
 
 def _case(name: str):
     return pytest.param(name, id=name)
@@ -95,18 +112,28 @@ def _resume_and_finish(folder: Path, name: str) -> tuple[dict, list[list[float]]
 
 
 @pytest.mark.parametrize("name", [_case(name) for name in SCHEDULERS])
-def test_a_stabilized_run_rebuilt_from_its_files_finishes_as_the_uninterrupted_run(tmp_path, name) -> None:
+def test_a_stabilized_run_rebuilt_from_its_files_finishes_as_the_uninterrupted_run(
+    tmp_path, name
+) -> None:
     straight = stabilized(name, tmp_path / "straight", seed=0)
     expected = train_stabilized(straight, 0, STEPS)
 
-    train_stabilized(stabilized(name, tmp_path / "run", seed=0), 0, KILLED_AT)  # then dropped, unsaved
+    train_stabilized(
+        stabilized(name, tmp_path / "run", seed=0), 0, KILLED_AT
+    )  # then dropped, unsaved
     resumed, seen = _resume_and_finish(tmp_path / "run", name)
     assert seen == expected[RESUMED_AT:]
     assert _same_weights(resumed["model"], straight["model"])
-    assert len({tuple(r) for r in expected}) > 1 and not _same_weights(straight["model"], build(name, 0)[0])
+    assert len({tuple(r) for r in expected}) > 1 and not _same_weights(
+        straight["model"], build(name, 0)[0]
+    )
 
 
-KILLED = ["MultiStepLR", "OneCycleLR", "registry: wsd"]  # a Counter in the state, cycled momentum, a trainopt schedule
+KILLED = [
+    "MultiStepLR",
+    "OneCycleLR",
+    "registry: wsd",
+]  # a Counter in the state, cycled momentum, a trainopt schedule
 
 CHILD = textwrap.dedent("""
     import os, signal, sys
@@ -122,11 +149,15 @@ CHILD = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL (POSIX)")
-def test_a_stabilized_run_sigkilled_after_a_checkpoint_resumes_in_another_process_bitwise(tmp_path) -> None:
+def test_a_stabilized_run_sigkilled_after_a_checkpoint_resumes_in_another_process_bitwise(
+    tmp_path,
+) -> None:
     folders = {name: tmp_path / f"run{i}" for i, name in enumerate(KILLED)}
     args = [str(HERE), str(KILLED_AT)] + [x for name in KILLED for x in (name, str(folders[name]))]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    child = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, env=env, timeout=120)
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, *args], capture_output=True, text=True, env=env, timeout=120
+    )
     assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
     assert child.stdout.split() == ["trained"]
     threads = torch.get_num_threads()

@@ -20,8 +20,6 @@ from trainopt.stability.syncs import HostSyncCounter
 from trainopt.stability.unitwise import adaptive_clip_grad_
 
 
-
-
 def make_params(seed: int = 0, scale: float = 1.0) -> list[torch.nn.Parameter]:
     g = torch.Generator().manual_seed(seed)
     shapes = [(7, 5), (5,), (3, 4, 2, 2), (1,)]
@@ -210,7 +208,11 @@ def reference_zscore(norms, z, beta, warmup, eps):
 
 @settings(max_examples=25, deadline=None)
 @given(
-    st.lists(st.one_of(st.floats(0.01, 100.0), st.just(math.nan), st.just(math.inf)), min_size=1, max_size=40),
+    st.lists(
+        st.one_of(st.floats(0.01, 100.0), st.just(math.nan), st.just(math.inf)),
+        min_size=1,
+        max_size=40,
+    ),
     st.floats(0.5, 4.0),
     st.floats(0.0, 0.99),
     st.integers(0, 10),

@@ -32,9 +32,12 @@ def _hand_params(dtypes: bool = True) -> list[torch.nn.Parameter]:
 
 
 CLIPPERS = {
-    "clip_gradients": lambda params, max_norm, norm_type: clip_gradients(params, max_norm, norm_type),
+    "clip_gradients": lambda params, max_norm, norm_type: clip_gradients(
+        params, max_norm, norm_type
+    ),
     "clip_grads_with_norm_": lambda params, max_norm, norm_type: clip_grads_with_norm_(
-        params, torch.tensor(max_norm, dtype=torch.float64), total_grad_norm(params, norm_type)),
+        params, torch.tensor(max_norm, dtype=torch.float64), total_grad_norm(params, norm_type)
+    ),
 }
 
 
@@ -46,32 +49,44 @@ def _check_clipped_by_hand(clip, dtypes: bool, norm_type: float, max_norm: float
     for p, (values, dtype) in zip(params, HAND):
         tolerance = max(TOLERANCE[p.grad.dtype], 1e-6)  # the norm is summed from per-dtype norms
         for got, value in zip(p.grad.double().tolist(), values):
-            assert got == pytest.approx(value * coefficient, rel=tolerance), (p.grad.dtype, norm_type, max_norm)
+            assert got == pytest.approx(value * coefficient, rel=tolerance), (
+                p.grad.dtype,
+                norm_type,
+                max_norm,
+            )
         if coefficient == 1.0:
-            assert torch.equal(p.grad, torch.tensor(values, dtype=p.grad.dtype))  # untouched, bit for bit
+            assert torch.equal(
+                p.grad, torch.tensor(values, dtype=p.grad.dtype)
+            )  # untouched, bit for bit
 
 
 @pytest.mark.parametrize("clip", CLIPPERS.values(), ids=CLIPPERS.keys())
 @pytest.mark.parametrize("dtypes", [True, False], ids=["float32+float64+bfloat16", "float32"])
 @pytest.mark.parametrize("norm_type", NORMS)
 @pytest.mark.parametrize("max_norm", [1.0, 5.0, 12.5, 1000.0], ids=["1", "5", "12.5", "1000"])
-def test_clipping_scales_every_gradient_by_max_norm_over_the_norm_computed_by_hand(clip, dtypes, norm_type,
-                                                                                    max_norm):
+def test_clipping_scales_every_gradient_by_max_norm_over_the_norm_computed_by_hand(
+    clip, dtypes, norm_type, max_norm
+):
     """max_norm 12.5 and 1000 lie above the norm for some norm types: the gradients stay as they are."""
     _check_clipped_by_hand(clip, dtypes, norm_type, max_norm)
 
 
 def test_clip_gradients_returns_the_norm_computed_by_hand_before_clipping():
     for norm_type, norm in NORMS.items():
-        assert clip_gradients(_hand_params(), 1.0, norm_type).item() == pytest.approx(norm, rel=1e-6)
+        assert clip_gradients(_hand_params(), 1.0, norm_type).item() == pytest.approx(
+            norm, rel=1e-6
+        )
 
 
 def test_a_clip_grad_norm_that_scales_small_gradients_up_fails_the_hand_computed_check(monkeypatch):
     """The check can fail: without the clamp to 1, max_norm above the norm scales gradients up."""
+
     def scales_up(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
         parameters = list(parameters)
         norm = torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(p.grad.double(), norm_type) for p in parameters]), norm_type)
+            torch.stack([torch.linalg.vector_norm(p.grad.double(), norm_type) for p in parameters]),
+            norm_type,
+        )
         for p in parameters:
             p.grad.mul_((max_norm / (norm + 1e-6)).to(p.grad.dtype))  # no clamp
         return norm

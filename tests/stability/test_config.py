@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+import trainopt.stability as stability
 from trainopt.stability import (
     CheckpointManager,
     Detection,
@@ -19,16 +20,35 @@ from trainopt.stability import (
     TrainingRecovery,
     TrainingStabilizer,
 )
-import trainopt.stability as stability
 from trainopt.stability.config import RENAMED
 from trainopt.stability.integrations import GuardedOptimizer
 
-BAD = {"spike_factor": 0, "explosion_factor": math.inf, "window_size": 1, "min_history": 1,
-       "skip_unstable": "yes", "save_every": 0, "keep_last": 0, "lr_factor": 1.5, "max_rollbacks": 0,
-       "patience": 0, "skip_batches": -1}
-GOOD = {"spike_factor": 3.0, "explosion_factor": 5.0, "window_size": 50, "min_history": 10,
-        "skip_unstable": False, "save_every": 7, "keep_last": 2, "lr_factor": 0.25, "max_rollbacks": 2,
-        "patience": 4, "skip_batches": 3}
+BAD = {
+    "spike_factor": 0,
+    "explosion_factor": math.inf,
+    "window_size": 1,
+    "min_history": 1,
+    "skip_unstable": "yes",
+    "save_every": 0,
+    "keep_last": 0,
+    "lr_factor": 1.5,
+    "max_rollbacks": 0,
+    "patience": 0,
+    "skip_batches": -1,
+}
+GOOD = {
+    "spike_factor": 3.0,
+    "explosion_factor": 5.0,
+    "window_size": 50,
+    "min_history": 10,
+    "skip_unstable": False,
+    "save_every": 7,
+    "keep_last": 2,
+    "lr_factor": 0.25,
+    "max_rollbacks": 2,
+    "patience": 4,
+    "skip_batches": 3,
+}
 
 
 def _group(name: str) -> type:
@@ -86,8 +106,11 @@ def test_each_knob_of_a_group_reaches_what_it_sets_through_both_doors(kind, name
 @pytest.mark.parametrize("name", sorted(GOOD))
 def test_a_flat_keyword_warns_and_still_works(kind, name, tmp_path) -> None:
     group = _group(name).__name__
-    with pytest.warns(DeprecationWarning, match=rf"\({name}=\.\.\.\) is deprecated: say "
-                                                rf"{group.lower()}={group}\({name}=\.\.\.\)"):
+    with pytest.warns(
+        DeprecationWarning,
+        match=rf"\({name}=\.\.\.\) is deprecated: say "
+        rf"{group.lower()}={group}\({name}=\.\.\.\)",
+    ):
         front = _door(kind, tmp_path, **{name: GOOD[name]})
     assert _built(front, name) == GOOD[name]
 
@@ -101,16 +124,33 @@ def test_a_flat_keyword_and_its_group_together_are_refused(tmp_path) -> None:
         _door("guard", tmp_path, detection={"spike_factor": 3.0})
 
 
-@pytest.mark.parametrize("build, old, new, read", [
-    (lambda **k: TrainingRecovery(torch.nn.Linear(1, 1), None, None, **k), "max_recovery_attempts",
-     "max_rollbacks", lambda r: r.max_rollbacks),
-    (lambda **k: CheckpointManager(k.pop("folder"), **k), "save_frequency", "save_every",
-     lambda m: m.save_every),
-    (lambda **k: LossSpikeDetector(**k), "threshold", "spike_factor", lambda d: d.spike_factor),
-    (lambda **k: LossStabilityMonitor(**k), "threshold", "spike_factor",
-     lambda m: m.detector.spike_factor),
-])
-def test_a_second_name_warns_works_and_clashes_with_the_first(build, old, new, read, tmp_path) -> None:
+@pytest.mark.parametrize(
+    "build, old, new, read",
+    [
+        (
+            lambda **k: TrainingRecovery(torch.nn.Linear(1, 1), None, None, **k),
+            "max_recovery_attempts",
+            "max_rollbacks",
+            lambda r: r.max_rollbacks,
+        ),
+        (
+            lambda **k: CheckpointManager(k.pop("folder"), **k),
+            "save_frequency",
+            "save_every",
+            lambda m: m.save_every,
+        ),
+        (lambda **k: LossSpikeDetector(**k), "threshold", "spike_factor", lambda d: d.spike_factor),
+        (
+            lambda **k: LossStabilityMonitor(**k),
+            "threshold",
+            "spike_factor",
+            lambda m: m.detector.spike_factor,
+        ),
+    ],
+)
+def test_a_second_name_warns_works_and_clashes_with_the_first(
+    build, old, new, read, tmp_path
+) -> None:
     extra = {"folder": tmp_path} if old == "save_frequency" else {}
     with pytest.warns(DeprecationWarning, match=rf"\({old}=\.\.\.\) is deprecated: say {new}="):
         built = build(**{old: 2}, **extra)
@@ -127,7 +167,10 @@ def test_one_name_per_knob_in_every_public_constructor() -> None:
             continue
         for param in inspect.signature(obj).parameters.values():
             if param.name in RENAMED:
-                assert param.kind is param.KEYWORD_ONLY and param.default is None, (name, param.name)
+                assert param.kind is param.KEYWORD_ONLY and param.default is None, (
+                    name,
+                    param.name,
+                )
     knobs = {f.name for group in (Detection, Rollback) for f in dataclasses.fields(group)}
     for door in (TrainingStabilizer, GuardedOptimizer):
         assert knobs.isdisjoint(inspect.signature(door).parameters), door.__name__
@@ -150,7 +193,13 @@ def test_states_written_by_trainopt_0_4_still_load() -> None:
     front = TrainingStabilizer(model, opt, check_every=5)
     state = front.state_dict()
     checker = dict(state["checker"])
-    for key in ("grad_reference", "last_window_max_grad", "grad_growth", "recent_grads", "first_grads"):
+    for key in (
+        "grad_reference",
+        "last_window_max_grad",
+        "grad_growth",
+        "recent_grads",
+        "first_grads",
+    ):
         checker.pop(key)
     detector = dict(checker["loss_monitor"]["detector"])
     detector["threshold"] = detector.pop("spike_factor")
@@ -160,7 +209,9 @@ def test_states_written_by_trainopt_0_4_still_load() -> None:
     again = TrainingStabilizer(model, opt, check_every=5)
     again.load_state_dict(old)
     assert again.skipped_steps == 2
-    assert math.isnan(again.checker.grad_reference) and torch.isnan(again.checker.recent_grads).all()
+    assert (
+        math.isnan(again.checker.grad_reference) and torch.isnan(again.checker.recent_grads).all()
+    )
     fresh = StabilityChecker(opt, check_every=5)
     assert again.checker.grad_growth == fresh.grad_growth
     assert again.checker.loss_monitor.detector.spike_factor == 4.0

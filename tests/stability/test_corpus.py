@@ -45,7 +45,9 @@ def test_a_healthy_run_whose_loss_rises_or_flattens_is_left_alone(run, tmp_path:
         assert math.isclose(result["result"], run_plain(run, seed=0), rel_tol=1e-4)
 
 
-EXPECTED_MISSES = {"raw_inputs": 60}  # an early batch of raw pixels can stay within the range (the page says so)
+EXPECTED_MISSES = {
+    "raw_inputs": 60
+}  # an early batch of raw pixels can stay within the range (the page says so)
 
 
 @pytest.mark.parametrize("run", FAULTY, ids=[run.name for run in FAULTY])
@@ -57,11 +59,14 @@ def test_a_fault_is_skipped_or_rolled_back(run, tmp_path: Path) -> None:
         pytest.skip("a documented miss: see the page's table")
     else:
         assert result["fault_skipped"] is True
-        assert result["skipped"] <= 2 and result["rollbacks"] == 0  # one bad batch costs one step, no rollback
+        assert (
+            result["skipped"] <= 2 and result["rollbacks"] == 0
+        )  # one bad batch costs one step, no rollback
 
 
-DEAD = [run for run in EARLY
-        if run.optimizer == "sgd" and run.fault == "lr_x30" and run.fault_at >= 200]
+DEAD = [
+    run for run in EARLY if run.optimizer == "sgd" and run.fault == "lr_x30" and run.fault_at >= 200
+]
 
 
 @pytest.mark.parametrize("run", DEAD, ids=[run.name for run in DEAD])
@@ -79,13 +84,34 @@ def test_a_run_that_dies_at_chance_is_rolled_back(run, tmp_path: Path) -> None:
 # a bad batch before the skip tests have min_history (20) steps of history, a shuffled batch at
 # step 20 within a still-falling range, raw pixels at 60 at batch 16, and learning-rate faults
 # whose loss stays below the reference or whose gradient norm stays within its range.
-ALLOWED_MISSES = {("inputs_x100", 10), ("shuffled_labels", 10), ("shuffled_labels", 20),
-                  ("raw_inputs", 60), ("lr_x10", 250), ("lr_x10", 280), ("lr_x30", 100),
-                  ("lr_x30", 150), ("lr_x30", 280)}
-NEVER_MISSED = {("labels", 60), ("labels", 250), ("raw_inputs", 250), ("inputs_x100", 20),
-                ("inputs_x100", 30), ("inputs_x100", 60), ("shuffled_labels", 30),
-                ("shuffled_labels", 60), ("nan_loss", 250), ("nan_gradient", 250), ("lr_x30", 200),
-                ("lr_x30", 210), ("lr_x30", 250), ("lr_x100", 250), ("lr_x100", 280)}
+ALLOWED_MISSES = {
+    ("inputs_x100", 10),
+    ("shuffled_labels", 10),
+    ("shuffled_labels", 20),
+    ("raw_inputs", 60),
+    ("lr_x10", 250),
+    ("lr_x10", 280),
+    ("lr_x30", 100),
+    ("lr_x30", 150),
+    ("lr_x30", 280),
+}
+NEVER_MISSED = {
+    ("labels", 60),
+    ("labels", 250),
+    ("raw_inputs", 250),
+    ("inputs_x100", 20),
+    ("inputs_x100", 30),
+    ("inputs_x100", 60),
+    ("shuffled_labels", 30),
+    ("shuffled_labels", 60),
+    ("nan_loss", 250),
+    ("nan_gradient", 250),
+    ("lr_x30", 200),
+    ("lr_x30", 210),
+    ("lr_x30", 250),
+    ("lr_x100", 250),
+    ("lr_x100", 280),
+}
 
 
 def test_the_pages_tables_come_from_the_recorded_corpus() -> None:
@@ -125,7 +151,9 @@ def test_the_pages_prose_states_the_recorded_rates() -> None:
     totals = classifier(json.loads(DATA.read_text()))["totals"]
     page = " ".join(PAGE.read_text().split())
     steps = "step" if totals["skipped"] == 1 else "steps"
-    assert f"skipped {totals['skipped']} {steps} in {totals['steps']:,}" in page  # the page's opening
+    assert (
+        f"skipped {totals['skipped']} {steps} in {totals['steps']:,}" in page
+    )  # the page's opening
     assert f"rolled back none of {totals['healthy_runs']} healthy runs" in page
     assert f"skipped {totals['skipped']} of their {totals['steps']:,} steps" in page
     assert f"missed {totals['missed']} of {totals['faulty_runs']} faulty runs" in page

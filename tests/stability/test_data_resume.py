@@ -25,8 +25,10 @@ from torch.utils.data import DataLoader, TensorDataset
 from trainopt.stability import ResumableDataLoader, ResumableSampler, get_rng_state, set_rng_state
 
 STEPS, STOP = 23, 13  # 10 batches an epoch: the run stops in the second epoch, ends in the third
-DATA = TensorDataset(torch.randn(40, 6, generator=torch.Generator().manual_seed(0)),
-                     torch.randint(0, 3, (40,), generator=torch.Generator().manual_seed(1)))
+DATA = TensorDataset(
+    torch.randn(40, 6, generator=torch.Generator().manual_seed(0)),
+    torch.randint(0, 3, (40,), generator=torch.Generator().manual_seed(1)),
+)
 
 
 class Noisy(torch.utils.data.Dataset):
@@ -42,12 +44,16 @@ class Noisy(torch.utils.data.Dataset):
 
 def _build(old_loader: bool, num_workers: int, persistent: bool = False, data=DATA):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.5),
-                                torch.nn.Linear(16, 3))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(16, 3)
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     if old_loader:
-        loader = DataLoader(data, batch_sampler=ResumableSampler(len(data), batch_size=4, seed=3),
-                            num_workers=num_workers)
+        loader = DataLoader(
+            data,
+            batch_sampler=ResumableSampler(len(data), batch_size=4, seed=3),
+            num_workers=num_workers,
+        )
         return model, optimizer, loader, loader.batch_sampler
     kwargs = {"num_workers": num_workers, "persistent_workers": persistent} if num_workers else {}
     loader = ResumableDataLoader(data, batch_size=4, seed=3, **kwargs)
@@ -71,8 +77,9 @@ def _weights(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def _straight_and_resumed(old_loader: bool, num_workers: int, persistent: bool = False,
-                          data=DATA) -> tuple[torch.Tensor, torch.Tensor]:
+def _straight_and_resumed(
+    old_loader: bool, num_workers: int, persistent: bool = False, data=DATA
+) -> tuple[torch.Tensor, torch.Tensor]:
     random.seed(0)
     model, optimizer, loader, position = _build(old_loader, num_workers, persistent, data)
     _train(model, optimizer, loader, STEPS)
@@ -82,8 +89,15 @@ def _straight_and_resumed(old_loader: bool, num_workers: int, persistent: bool =
     model, optimizer, loader, position = _build(old_loader, num_workers, persistent, data)
     _train(model, optimizer, loader, STOP)
     buffer = io.BytesIO()
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "data": position.state_dict(), "rng": get_rng_state()}, buffer)
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "data": position.state_dict(),
+            "rng": get_rng_state(),
+        },
+        buffer,
+    )
     del model, optimizer, loader, position
     torch.rand(100), random.random()  # a new process: the global generators are elsewhere
 
@@ -99,14 +113,17 @@ def _straight_and_resumed(old_loader: bool, num_workers: int, persistent: bool =
 
 
 @pytest.mark.parametrize("num_workers, persistent", [(0, False), (2, False), (2, True)])
-def test_a_resumed_run_with_dropout_equals_the_uninterrupted_run_bitwise(num_workers: int, persistent: bool) -> None:
+def test_a_resumed_run_with_dropout_equals_the_uninterrupted_run_bitwise(
+    num_workers: int, persistent: bool
+) -> None:
     straight, resumed = _straight_and_resumed(False, num_workers, persistent)
     assert torch.equal(straight, resumed), (straight - resumed).abs().max()
 
 
 @pytest.mark.parametrize("num_workers, persistent", [(0, False), (2, False), (2, True)])
-def test_random_draws_in_getitem_resume_bitwise_mid_epoch(num_workers: int,
-                                                          persistent: bool) -> None:
+def test_random_draws_in_getitem_resume_bitwise_mid_epoch(
+    num_workers: int, persistent: bool
+) -> None:
     """Workers seeded per epoch and worker start their generators again at the resumed position:
     they draw batch 0's numbers for the batch they resume with."""
     straight, resumed = _straight_and_resumed(False, num_workers, persistent, data=Noisy())
@@ -133,8 +150,9 @@ def _draws(loader, epochs: int) -> list[dict[int, torch.Tensor]]:
 @pytest.mark.parametrize("persistent", [False, True])
 def test_workers_draw_anew_every_epoch(persistent: bool) -> None:
     """A worker seed made of the position in the epoch alone would repeat each epoch's draws."""
-    loader = ResumableDataLoader(Indexed(), batch_size=4, seed=3, num_workers=2,
-                                 persistent_workers=persistent)
+    loader = ResumableDataLoader(
+        Indexed(), batch_size=4, seed=3, num_workers=2, persistent_workers=persistent
+    )
     first, second = _draws(loader, 2)
     assert sorted(first) == sorted(second) == list(range(40))
     assert not any(torch.equal(first[i], second[i]) for i in range(40))
@@ -142,8 +160,10 @@ def test_workers_draw_anew_every_epoch(persistent: bool) -> None:
 
 def test_the_draws_do_not_depend_on_the_number_of_workers() -> None:
     """Each batch draws from a seed of its own: a run resumed with other workers draws the same."""
-    one, two = (_draws(ResumableDataLoader(Indexed(), batch_size=4, seed=3, num_workers=n), 2)
-                for n in (1, 2))
+    one, two = (
+        _draws(ResumableDataLoader(Indexed(), batch_size=4, seed=3, num_workers=n), 2)
+        for n in (1, 2)
+    )
     assert all(torch.equal(one[e][i], two[e][i]) for e in range(2) for i in range(40))
 
 
@@ -210,7 +230,9 @@ def test_arguments_it_sets_itself_are_refused() -> None:
 
 
 @pytest.mark.parametrize("peek", ["before the stabilizer is built", "after it is built", "none"])
-def test_a_resume_from_the_step_0_checkpoint_takes_the_first_batch_again(peek: str, tmp_path) -> None:
+def test_a_resume_from_the_step_0_checkpoint_takes_the_first_batch_again(
+    peek: str, tmp_path
+) -> None:
     """Break caught: the step-0 checkpoint holding the peek's position (the resumed run one batch ahead)."""
     from trainopt.stability import TrainingStabilizer
 
@@ -221,7 +243,9 @@ def test_a_resume_from_the_step_0_checkpoint_takes_the_first_batch_again(peek: s
         loader = ResumableDataLoader(DATA, batch_size=4, seed=3)
         if peek == "before the stabilizer is built":
             next(iter(loader))
-        stabilizer = TrainingStabilizer(model, opt, checkpoint_dir=tmp_path, check_every=50, data=loader)
+        stabilizer = TrainingStabilizer(
+            model, opt, checkpoint_dir=tmp_path, check_every=50, data=loader
+        )
         if peek == "after it is built":
             next(iter(loader))
         if resume:

@@ -52,7 +52,9 @@ def test_a_negative_rising_loss_with_a_steady_gradient_norm_is_not_diverging() -
     losses = [-1 + 0.5 * s / steps + 0.01 * e for s, e in enumerate(_noise(steps, 2).tolist())]
     norms = [0.5 + 0.05 * e for e in _noise(steps, 3).tolist()]
     reports = _windows(losses, norms)
-    assert [r["loss"]["diverging"] for r in reports] == [0] * 4 and all(r["is_stable"] for r in reports)
+    assert [r["loss"]["diverging"] for r in reports] == [0] * 4 and all(
+        r["is_stable"] for r in reports
+    )
 
 
 def test_a_loss_and_gradient_norm_growing_together_is_diverging_and_the_reason_says_both() -> None:
@@ -66,12 +68,15 @@ def test_a_loss_and_gradient_norm_growing_together_is_diverging_and_the_reason_s
     reason = next(r for r in reports[3]["reasons"] if r.startswith("diverging"))
     grads = reports[3]["gradients"]
     assert grads["recent_median"] > 2 * grads["reference"]
-    assert f"{reports[3]['loss']['recent_median']:.4g}" in reason and f"{grads['recent_median']:.4g}" in reason
+    assert (
+        f"{reports[3]['loss']['recent_median']:.4g}" in reason
+        and f"{grads['recent_median']:.4g}" in reason
+    )
 
 
 def test_a_gradient_norm_growing_alone_is_not_diverging() -> None:
     steps = 400  # a loss that keeps falling while the gradient norm grows (a sharpening phase)
-    losses = [2 * 0.995 ** s * (1 + 0.01 * e) for s, e in enumerate(_noise(steps, 6).tolist())]
+    losses = [2 * 0.995**s * (1 + 0.01 * e) for s, e in enumerate(_noise(steps, 6).tolist())]
     norms = [1.01 ** max(0, s - 300) for s in range(steps)]
     assert [r["loss"]["diverging"] for r in _windows(losses, norms)] == [0] * 4
 
@@ -100,10 +105,14 @@ def test_a_loss_back_at_chance_with_collapsed_gradients_is_diverging() -> None:
     # SGD at 30 times its rate from step 200 (the corpus's miss): the network dies, its loss climbs
     # back to chance (2.5) while its gradient norm collapses (2 -> 0.2) instead of growing
     steps = 300
-    losses = [(2.3 * math.exp(-s / 40) + 0.01 + 0.002 * abs(e)) if s < 200 else 2.5 + 0.05 * e
-              for s, e in enumerate(_noise(steps, 7).tolist())]
-    norms = [(2 + 0.3 * e) if s < 200 else 0.2 + 0.02 * e
-             for s, e in enumerate(_noise(steps, 8).tolist())]
+    losses = [
+        (2.3 * math.exp(-s / 40) + 0.01 + 0.002 * abs(e)) if s < 200 else 2.5 + 0.05 * e
+        for s, e in enumerate(_noise(steps, 7).tolist())
+    ]
+    norms = [
+        (2 + 0.3 * e) if s < 200 else 0.2 + 0.02 * e
+        for s, e in enumerate(_noise(steps, 8).tolist())
+    ]
     reports = _windows(losses, norms)
     assert [r["loss"]["diverging"] for r in reports] == [0, 0, 1]
     reason = next(r for r in reports[2]["reasons"] if r.startswith("diverging"))
@@ -114,8 +123,8 @@ def test_a_loss_back_at_chance_with_collapsed_gradients_is_diverging() -> None:
 def test_a_falling_loss_with_collapsing_gradients_is_not_diverging() -> None:
     # convergence: the gradient norm falls to a tenth while the loss keeps falling
     steps = 400
-    losses = [2 * 0.99 ** s * (1 + 0.01 * e) for s, e in enumerate(_noise(steps, 9).tolist())]
-    norms = [2 * 0.99 ** s * (1 + 0.05 * e) for s, e in enumerate(_noise(steps, 10).tolist())]
+    losses = [2 * 0.99**s * (1 + 0.01 * e) for s, e in enumerate(_noise(steps, 9).tolist())]
+    norms = [2 * 0.99**s * (1 + 0.05 * e) for s, e in enumerate(_noise(steps, 10).tolist())]
     reports = _windows(losses, norms)
     assert reports[-1]["gradients"]["recent_median"] * 4 < reports[-1]["gradients"]["reference"]
     assert [r["loss"]["diverging"] for r in reports] == [0] * 4

@@ -14,13 +14,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from trainopt.models import digits_mlp
 from trainopt_site.stability.faults import (
     DEFAULT_FAULTS,
     EXPECTED,
     fault_injection_table,
     run_fault_injection,
 )
-from trainopt.models import digits_mlp
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT_FILE = ROOT / "docs" / "_data" / "stability_fault_injection.json"
@@ -32,7 +32,9 @@ def result() -> dict:
 
 
 def test_every_injected_fault_is_survived(result: dict) -> None:
-    assert [row["fault"] for row in result["rows"]] == sorted(DEFAULT_FAULTS, key=DEFAULT_FAULTS.get)
+    assert [row["fault"] for row in result["rows"]] == sorted(
+        DEFAULT_FAULTS, key=DEFAULT_FAULTS.get
+    )
     failed = [row for row in result["rows"] if not row["survived"]]
     assert not failed, failed
 
@@ -82,7 +84,9 @@ def test_page_table_file_matches_a_fresh_run(result: dict) -> None:
     """docs/_data/stability_fault_injection.json (the page's table) is what the code does now."""
     recorded = json.loads(RESULT_FILE.read_text())
     keys = ("fault", "step", "expected", "observed", "survived")
-    assert [{k: r[k] for k in keys} for r in recorded["rows"]] == [{k: r[k] for k in keys} for r in result["rows"]]
+    assert [{k: r[k] for k in keys} for r in recorded["rows"]] == [
+        {k: r[k] for k in keys} for r in result["rows"]
+    ]
     assert recorded["config"] == result["config"]
 
 

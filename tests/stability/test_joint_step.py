@@ -23,7 +23,11 @@ def _events(seed: int, steps: int) -> list[tuple[float, float]]:
     g = torch.Generator().manual_seed(seed)
     events = []
     for t in range(steps):
-        loss = 2.0 * math.exp(-t / 150) + 0.05 * float(torch.rand((), generator=g)) - (3.0 if seed % 2 else 0.0)
+        loss = (
+            2.0 * math.exp(-t / 150)
+            + 0.05 * float(torch.rand((), generator=g))
+            - (3.0 if seed % 2 else 0.0)
+        )
         scale = 1.0 + 0.2 * float(torch.rand((), generator=g))
         r = float(torch.rand((), generator=g))
         if r < 0.03:
@@ -40,11 +44,12 @@ def _events(seed: int, steps: int) -> list[tuple[float, float]]:
     return events
 
 
-def _run(joint: bool, seed: int, steps: int, check_every: int, groups: int,
-         reload_at: int | None = None) -> tuple[list[bool], list[dict], dict]:
+def _run(
+    joint: bool, seed: int, steps: int, check_every: int, groups: int, reload_at: int | None = None
+) -> tuple[list[bool], list[dict], dict]:
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(3, 4)) for _ in range(2 * groups)]
-    opt = torch.optim.SGD([{"params": params[2 * i:2 * i + 2]} for i in range(groups)], lr=0.1)
+    opt = torch.optim.SGD([{"params": params[2 * i : 2 * i + 2]} for i in range(groups)], lr=0.1)
     checker = StabilityChecker(opt, check_every=check_every)
     if not joint:
         checker._joint = False
@@ -72,15 +77,23 @@ def _same(a: object, b: object) -> bool:
     if isinstance(a, list | tuple):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if torch.is_tensor(a):
-        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) \
+        return (
+            a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
             and torch.equal(a.isnan(), b.isnan())
+        )
     if isinstance(a, float) and math.isnan(a):
         return isinstance(b, float) and math.isnan(b)
     return a == b
 
 
-@pytest.mark.parametrize(("seed", "groups", "reload_at"), [(0, 1, None), (1, 1, 137), (2, 2, None), (3, 2, 61)])
-def test_the_joint_pass_and_the_monitors_own_updates_agree_bitwise(seed: int, groups: int, reload_at: int | None):
+@pytest.mark.parametrize(
+    ("seed", "groups", "reload_at"), [(0, 1, None), (1, 1, 137), (2, 2, None), (3, 2, 61)]
+)
+def test_the_joint_pass_and_the_monitors_own_updates_agree_bitwise(
+    seed: int, groups: int, reload_at: int | None
+):
     joint = _run(True, seed, 400, 50, groups, reload_at)
     separate = _run(False, seed, 400, 50, groups, reload_at)
     assert sum(joint[0]) > 10  # the sequence flags steps of every kind
@@ -108,7 +121,9 @@ def test_monitors_with_different_windows_take_the_separate_updates():
 
     params = [torch.nn.Parameter(torch.randn(3))]
     opt = torch.optim.SGD(params, lr=0.1)
-    checker = StabilityChecker(opt, LossStabilityMonitor(window_size=50), GradientMonitor(opt, window_size=80))
+    checker = StabilityChecker(
+        opt, LossStabilityMonitor(window_size=50), GradientMonitor(opt, window_size=80)
+    )
     params[0].grad = torch.ones(3)
     checker.update(torch.tensor(1.0))
     assert checker._joint is False and checker.steps == 1

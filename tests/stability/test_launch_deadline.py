@@ -40,9 +40,15 @@ def test_each_launch_gives_its_ranks_the_callers_environment_as_it_is_then(monke
     """Ranks started by a forkserver (which starts once) still see a variable set after the first
     launch, and no longer see one removed since."""
     monkeypatch.setenv("TRAINOPT_LAUNCH_CHECK", "first")
-    assert launch(environment_variable, 2, "TRAINOPT_LAUNCH_CHECK", timeout=WITHIN) == ["first", "first"]
+    assert launch(environment_variable, 2, "TRAINOPT_LAUNCH_CHECK", timeout=WITHIN) == [
+        "first",
+        "first",
+    ]
     monkeypatch.setenv("TRAINOPT_LAUNCH_CHECK", "second")
-    assert launch(environment_variable, 2, "TRAINOPT_LAUNCH_CHECK", timeout=WITHIN) == ["second", "second"]
+    assert launch(environment_variable, 2, "TRAINOPT_LAUNCH_CHECK", timeout=WITHIN) == [
+        "second",
+        "second",
+    ]
     monkeypatch.delenv("TRAINOPT_LAUNCH_CHECK")
     assert launch(environment_variable, 2, "TRAINOPT_LAUNCH_CHECK", timeout=WITHIN) == [None, None]
 
@@ -51,8 +57,15 @@ def test_the_first_failure_names_the_others_last_lines(tmp_path) -> None:
     """The first stamp is not always the cause (a peer that vanished fails its partners at once)."""
     from trainopt.perf.distributed.processes import _first_error
 
-    (tmp_path / "rank1.error").write_text("10.0\nTraceback...\nRuntimeError: Connection closed by peer\n")
-    (tmp_path / "rank0.error").write_text("10.001\nTraceback...\nRuntimeError: Timed out waiting 5000ms\n")
+    (tmp_path / "rank1.error").write_text(
+        "10.0\nTraceback...\nRuntimeError: Connection closed by peer\n"
+    )
+    (tmp_path / "rank0.error").write_text(
+        "10.001\nTraceback...\nRuntimeError: Timed out waiting 5000ms\n"
+    )
     error = _first_error(str(tmp_path))
     assert error.rank == 1
-    assert str(error).splitlines()[-2:] == ["other ranks failed too:", "rank 0: RuntimeError: Timed out waiting 5000ms"]
+    assert str(error).splitlines()[-2:] == [
+        "other ranks failed too:",
+        "rank 0: RuntimeError: Timed out waiting 5000ms",
+    ]

@@ -20,7 +20,9 @@ def test_z_loss_is_the_weight_times_the_mean_squared_log_normaliser_computed_by_
 def test_z_loss_sees_the_drift_that_cross_entropy_is_blind_to() -> None:
     logits = torch.randn(8, 10, generator=torch.Generator().manual_seed(1))
     labels = torch.arange(8)
-    assert torch.allclose(F.cross_entropy(logits + 30, labels), F.cross_entropy(logits, labels), atol=1e-5)
+    assert torch.allclose(
+        F.cross_entropy(logits + 30, labels), F.cross_entropy(logits, labels), atol=1e-5
+    )
     assert z_loss(logits + 30) > 100 * z_loss(logits)
 
 
@@ -42,7 +44,9 @@ def test_z_loss_refuses_a_negative_weight() -> None:
 
 
 @pytest.mark.parametrize("scale", [0.1, 1.0, 1e4])
-def test_qk_norm_bounds_every_attention_logit_by_the_root_of_the_head_dimension(scale: float) -> None:
+def test_qk_norm_bounds_every_attention_logit_by_the_root_of_the_head_dimension(
+    scale: float,
+) -> None:
     generator = torch.Generator().manual_seed(3)
     q, k = (torch.randn(2, 4, 12, 32, generator=generator) * scale for _ in range(2))
     q, k = qk_norm(q, k)

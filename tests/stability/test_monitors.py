@@ -45,11 +45,17 @@ def test_robust_zscore_ignores_nan_entries_of_the_window() -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.floats(-1e3, 1e3), min_size=5, max_size=40), st.floats(-1e3, 1e3), st.floats(-1e3, 1e3))
+@given(
+    st.lists(st.floats(-1e3, 1e3), min_size=5, max_size=40),
+    st.floats(-1e3, 1e3),
+    st.floats(-1e3, 1e3),
+)
 def test_robust_zscore_is_shift_invariant(values: list[float], x: float, shift: float) -> None:
     window = torch.tensor(values, dtype=torch.float64)
     z = robust_zscore(torch.tensor(x, dtype=torch.float64), window, rel_floor=0.0)
-    z_shifted = robust_zscore(torch.tensor(x + shift, dtype=torch.float64), window + shift, rel_floor=0.0)
+    z_shifted = robust_zscore(
+        torch.tensor(x + shift, dtype=torch.float64), window + shift, rel_floor=0.0
+    )
     assert z.item() == pytest.approx(z_shifted.item(), rel=1e-6, abs=1e-3)
 
 
@@ -67,13 +73,13 @@ def test_loss_monitor_calls_healthy_runs_stable_at_any_loss_level(center: float)
 
 def test_seed_coefficient_of_variation_breaks_on_zero_and_negative_losses() -> None:
     """Why the monitor does not use std / mean: near zero it explodes, below zero it flips sign."""
-    assert abs(_seed_cv(_noisy(0.0, 60))) > 0.1          # the seed flags a healthy run near 0
+    assert abs(_seed_cv(_noisy(0.0, 60))) > 0.1  # the seed flags a healthy run near 0
     spiking_negative = _noisy(-5.0, 59) + [40.0]
-    assert _seed_cv(spiking_negative) < 0.1              # and misses a huge spike below 0
+    assert _seed_cv(spiking_negative) < 0.1  # and misses a huge spike below 0
     monitor = LossStabilityMonitor(window_size=100, check_every=60)
     for value in spiking_negative:
         monitor.update(torch.tensor(value))
-    assert monitor.check()["spikes"] == 1               # the robust z-score catches it
+    assert monitor.check()["spikes"] == 1  # the robust z-score catches it
 
 
 @pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])
@@ -242,8 +248,12 @@ def test_gradient_monitor_state_survives_a_weights_only_checkpoint() -> None:
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"window_size": 1}, "window_size"), ({"spike_factor": -1.0}, "spike_factor"),
-     ({"min_history": 100, "window_size": 10}, "min_history"), ({"check_every": 0}, "check_every")],
+    [
+        ({"window_size": 1}, "window_size"),
+        ({"spike_factor": -1.0}, "spike_factor"),
+        ({"min_history": 100, "window_size": 10}, "min_history"),
+        ({"check_every": 0}, "check_every"),
+    ],
 )
 def test_loss_monitor_rejects_bad_arguments_by_name(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):

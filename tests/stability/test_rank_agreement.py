@@ -19,14 +19,24 @@ from trainopt_site.stability.rank_agreement import rank_agreement_check
 def ranks(tmp_path_factory) -> list[dict]:
     # A broken agreement (ranks calling different collectives) fails in seconds instead of hanging:
     # a collective waits 20 s at most, and ranks still running after 180 s are stopped.
-    return launch(rank_agreement_check, 2, str(tmp_path_factory.mktemp("agreement")), backend="gloo",
-                  timeout=180, collective_timeout=20)
+    return launch(
+        rank_agreement_check,
+        2,
+        str(tmp_path_factory.mktemp("agreement")),
+        backend="gloo",
+        timeout=180,
+        collective_timeout=20,
+    )
 
 
-def test_a_spike_or_a_nan_seen_by_one_rank_is_skipped_on_both_and_the_ranks_stay_bitwise_equal(ranks) -> None:
+def test_a_spike_or_a_nan_seen_by_one_rank_is_skipped_on_both_and_the_ranks_stay_bitwise_equal(
+    ranks,
+) -> None:
     zero, one = ranks[0]["agreed"], ranks[1]["agreed"]
     assert torch.equal(zero["weights"], one["weights"])
-    assert zero["skip_events"] == one["skip_events"] >= 2 + 10  # the spike, the NaN, the 10 later spikes
+    assert (
+        zero["skip_events"] == one["skip_events"] >= 2 + 10
+    )  # the spike, the NaN, the 10 later spikes
     window = zero["reports"][2]
     assert window["step"] == 30 and window["skipped"] == 2 == one["reports"][2]["skipped"]
 
@@ -34,7 +44,9 @@ def test_a_spike_or_a_nan_seen_by_one_rank_is_skipped_on_both_and_the_ranks_stay
 def test_boundary_statistics_are_reduced_before_deciding(ranks) -> None:
     zero, one = ranks[0]["agreed"], ranks[1]["agreed"]
     assert zero["reports"] == one["reports"]
-    assert zero["reports"][2]["spikes"] == 1 and zero["reports"][2]["nonfinite"] == 1  # each from one rank
+    assert (
+        zero["reports"][2]["spikes"] == 1 and zero["reports"][2]["nonfinite"] == 1
+    )  # each from one rank
 
 
 def test_a_rollback_triggered_by_one_ranks_statistics_happens_on_all_ranks(ranks) -> None:

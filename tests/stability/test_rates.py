@@ -15,11 +15,16 @@ from typing import Any
 
 import pytest
 import torch
+from scheduler_configs import SCHEDULERS, STEPS, TORCH, two_groups
 from torch.optim import lr_scheduler as ls
 
-from scheduler_configs import SCHEDULERS, STEPS, TORCH, two_groups
 from trainopt.schedules import AdaptiveLearningRate
-from trainopt.stability.rates import UnsupportedSchedulerError, check_scalable, lr_scale, scale_learning_rate
+from trainopt.stability.rates import (
+    UnsupportedSchedulerError,
+    check_scalable,
+    lr_scale,
+    scale_learning_rate,
+)
 
 CUTS = {3: 0.5, 17: 0.3}
 
@@ -63,8 +68,13 @@ def test_after_a_cut_every_later_rate_is_the_cut_times_the_twin_run_floors_inclu
 
 
 def test_every_scheduler_class_of_torch_is_covered() -> None:
-    classes = {name for name, cls in vars(ls).items() if isinstance(cls, type) and issubclass(cls, ls.LRScheduler)
-               and cls not in (ls.LRScheduler, ls._LRScheduler)}
+    classes = {
+        name
+        for name, cls in vars(ls).items()
+        if isinstance(cls, type)
+        and issubclass(cls, ls.LRScheduler)
+        and cls not in (ls.LRScheduler, ls._LRScheduler)
+    }
     assert classes == set(TORCH)
 
 

@@ -37,8 +37,17 @@ KILLER = Path(__file__).with_name("recipe_kills.py")
 
 
 def _arguments(folder: Path) -> list[str]:
-    return ["--checkpoint-dir", str(folder / "ckpt"), "--steps", str(STEPS), "--check-every", str(CHECK_EVERY),
-            "--out", str(folder / "weights.pt"), "--faults"]
+    return [
+        "--checkpoint-dir",
+        str(folder / "ckpt"),
+        "--steps",
+        str(STEPS),
+        "--check-every",
+        str(CHECK_EVERY),
+        "--out",
+        str(folder / "weights.pt"),
+        "--faults",
+    ]
 
 
 def _temporaries(folder: Path) -> list[Path]:
@@ -57,17 +66,29 @@ def _plan(rng: random.Random) -> list[tuple[str, int]]:
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL (POSIX)")
-def test_a_run_killed_at_random_moments_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path: Path) -> None:
+def test_a_run_killed_at_random_moments_ends_bitwise_equal_to_an_uninterrupted_run(
+    tmp_path: Path,
+) -> None:
     straight = tmp_path / "straight"
     recipe = [sys.executable, "-m", "trainopt.stability.recipe"]
-    uninterrupted = subprocess.Popen([*recipe, *_arguments(straight)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=ENV)  # beside the kills
+    uninterrupted = subprocess.Popen(
+        [*recipe, *_arguments(straight)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )  # beside the kills
 
     killed, starts = tmp_path / "killed", []
     for moment, count in _plan(random.Random(0)):
         before = {p.name for p in _temporaries(killed / "ckpt")}
-        run = subprocess.run([sys.executable, str(KILLER), moment, str(count), "--", *_arguments(killed)],
-                             capture_output=True, text=True, env=ENV, timeout=300)
+        run = subprocess.run(
+            [sys.executable, str(KILLER), moment, str(count), "--", *_arguments(killed)],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=300,
+        )
         assert run.returncode == -signal.SIGKILL, (moment, count, run.stdout, run.stderr)
         starts.append(run.stdout.splitlines()[0])
         left = [p for p in _temporaries(killed / "ckpt") if p.name not in before]
@@ -78,8 +99,12 @@ def test_a_run_killed_at_random_moments_ends_bitwise_equal_to_an_uninterrupted_r
             else:
                 assert 0 < left[0].stat().st_size  # torn
         if moment == "loss" and count < CHECK_EVERY and len(starts) == 2:
-            assert sorted(p.name for p in (killed / "ckpt").glob("*.pt")) == ["checkpoint_step_0.pt"]
-    finished = subprocess.run([*recipe, *_arguments(killed)], capture_output=True, text=True, env=ENV, timeout=300)
+            assert sorted(p.name for p in (killed / "ckpt").glob("*.pt")) == [
+                "checkpoint_step_0.pt"
+            ]
+    finished = subprocess.run(
+        [*recipe, *_arguments(killed)], capture_output=True, text=True, env=ENV, timeout=300
+    )
     assert finished.returncode == 0, finished.stderr
     out, err = uninterrupted.communicate(timeout=300)
     assert uninterrupted.returncode == 0, err
@@ -112,11 +137,14 @@ class _Noisy(torch.utils.data.Dataset):
 def _stabilized_run(folder: Path, steps: int) -> tuple[int | None, torch.Tensor]:
     """A run with dropout on :class:`_Noisy`, resumed from ``folder`` if it holds a checkpoint."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.5),
-                                torch.nn.Linear(16, 3))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(16, 3)
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
     loader = ResumableDataLoader(_Noisy(), batch_size=4, seed=1)
-    stabilizer = TrainingStabilizer(model, optimizer, checkpoint_dir=folder, check_every=5, data=loader)
+    stabilizer = TrainingStabilizer(
+        model, optimizer, checkpoint_dir=folder, check_every=5, data=loader
+    )
     start = stabilizer.resume()
     while stabilizer.steps < steps:
         for x, y in loader:
@@ -126,7 +154,9 @@ def _stabilized_run(folder: Path, steps: int) -> tuple[int | None, torch.Tensor]
     return start, torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def test_a_resume_from_the_checkpoint_written_before_the_first_step_is_the_same_run(tmp_path: Path) -> None:
+def test_a_resume_from_the_checkpoint_written_before_the_first_step_is_the_same_run(
+    tmp_path: Path,
+) -> None:
     """That checkpoint is written by the first ``step()``, after the loop drew the first batch
     (and the data set drew its noise): it holds the generators and position from before."""
     _, straight = _stabilized_run(tmp_path / "straight", 12)
@@ -139,7 +169,8 @@ def test_a_resume_from_the_checkpoint_written_before_the_first_step_is_the_same_
 
 
 def test_the_same_command_run_again_continues_from_the_default_folder(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Without ``--checkpoint-dir`` the checkpoints go to a folder that outlives the process
     (``checkpoints/recipe``, not a temporary folder): a second run resumes from the first."""
     monkeypatch.chdir(tmp_path)
@@ -153,16 +184,29 @@ def test_the_same_command_run_again_continues_from_the_default_folder(
 
 
 def test_command_line_mistakes_are_one_line_with_status_2(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "trainopt.stability.recipe", "--out", "w.pt"],
-                            capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "trainopt.stability.recipe", "--out", "w.pt"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert (result.returncode, result.stderr) == (2, "error: --steps: required\n")
     (tmp_path / "file").write_text("")
     cases = [
-        (["--checkpoint-dir", "c", "--steps", "0", "--out", "w.pt"], "error: --steps: must be an int >= 1, got '0'"),
-        (["--checkpoint-dir", str(tmp_path / "file"), "--steps", "5", "--out", "w.pt"],
-         f"error: --checkpoint-dir: {tmp_path / 'file'} is a file; give a folder (it is created if missing)"),
-        (["--checkpoint-dir", "c", "--steps", "5", "--out", str(tmp_path)],
-         f"error: --out: {tmp_path} is a folder: give a file name"),
+        (
+            ["--checkpoint-dir", "c", "--steps", "0", "--out", "w.pt"],
+            "error: --steps: must be an int >= 1, got '0'",
+        ),
+        (
+            ["--checkpoint-dir", str(tmp_path / "file"), "--steps", "5", "--out", "w.pt"],
+            f"error: --checkpoint-dir: {tmp_path / 'file'} is a file; give a folder (it is created if missing)",
+        ),
+        (
+            ["--checkpoint-dir", "c", "--steps", "5", "--out", str(tmp_path)],
+            f"error: --out: {tmp_path} is a folder: give a file name",
+        ),
     ]
     for argv, line in cases:
         stderr = io.StringIO()

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from trainopt.schedules.adapters import cosine_annealing_schedule
 from trainopt.stability.rates import scale_learning_rate
 from trainopt.stability.recovery import TrainingInstabilityError, TrainingRecovery
-from trainopt.schedules.adapters import cosine_annealing_schedule
 
 
 def _model_and_optimizer(seed: int = 0, lr: float = 0.1):
@@ -29,7 +29,9 @@ def test_seed_style_lr_halving_is_undone_by_the_next_scheduler_step() -> None:
         group["lr"] *= 0.5  # what the seed's recovery does
     opt.step()
     sched.step()
-    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * sched.lr_lambdas[0](1))  # the cut is gone
+    assert opt.param_groups[0]["lr"] == pytest.approx(
+        0.1 * sched.lr_lambdas[0](1)
+    )  # the cut is gone
 
 
 def test_scale_learning_rate_scales_tensor_learning_rates_in_place() -> None:
@@ -57,23 +59,45 @@ def _recovery(**kwargs) -> TrainingRecovery:
 def test_recovery_scores_nothing_itself_the_monitors_do_on_the_device() -> None:
     """One tail score: a spike is scored by the monitors (``Detection``), not by the recovery."""
     for knob in ("spike_factor", "explosion_factor", "min_history", "spike_threshold"):
-        with pytest.warns(DeprecationWarning, match=rf"\({knob}=\.\.\.\) is deprecated and ignored"):
+        with pytest.warns(
+            DeprecationWarning, match=rf"\({knob}=\.\.\.\) is deprecated and ignored"
+        ):
             recovery = _recovery(**{knob: 4})
-        assert not any(hasattr(recovery, name) for name in ("spike_factor", "explosion_factor", "min_history"))
+        assert not any(
+            hasattr(recovery, name) for name in ("spike_factor", "explosion_factor", "min_history")
+        )
     assert not hasattr(TrainingRecovery, "detect_instability")
 
 
 def test_flagged_steps_need_no_rollback_until_they_persist_or_the_run_diverges() -> None:
     recovery = _recovery()
     assert recovery.patience == 10
-    assert recovery.rollback_reason({"flagged_steps": 9, "max_streak": 1, "reasons": ["9 loss spikes"]}) is None
-    assert recovery.rollback_reason({"flagged_steps": 9, "max_streak": 9, "reasons": ["9 loss spikes"]}) is None
-    assert recovery.rollback_reason({"flagged_steps": 10, "max_streak": 10,
-                           "reasons": ["10 loss spikes"]}).startswith("10 consecutive unstable steps")
-    diverging = {"flagged_steps": 0, "max_streak": 0, "loss": {"diverging": 1},
-                 "reasons": ["diverging (recent median loss 2.3 above ...)"]}
+    assert (
+        recovery.rollback_reason(
+            {"flagged_steps": 9, "max_streak": 1, "reasons": ["9 loss spikes"]}
+        )
+        is None
+    )
+    assert (
+        recovery.rollback_reason(
+            {"flagged_steps": 9, "max_streak": 9, "reasons": ["9 loss spikes"]}
+        )
+        is None
+    )
+    assert recovery.rollback_reason(
+        {"flagged_steps": 10, "max_streak": 10, "reasons": ["10 loss spikes"]}
+    ).startswith("10 consecutive unstable steps")
+    diverging = {
+        "flagged_steps": 0,
+        "max_streak": 0,
+        "loss": {"diverging": 1},
+        "reasons": ["diverging (recent median loss 2.3 above ...)"],
+    }
     assert recovery.rollback_reason(diverging).startswith("diverging")
-    assert recovery.rollback_reason({"flagged_steps": 0, "weights_finite": False}) == "non-finite weights"
+    assert (
+        recovery.rollback_reason({"flagged_steps": 0, "weights_finite": False})
+        == "non-finite weights"
+    )
 
 
 # -- rollback ------------------------------------------------------------------------------------
@@ -169,10 +193,15 @@ def test_recovery_state_survives_a_weights_only_checkpoint() -> None:
     assert other.state_dict() == recovery.state_dict()
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"lr_factor": 1.5}, "lr_factor"), ({"max_rollbacks": 0}, "max_rollbacks"),
-    ({"skip_batches": -1}, "skip_batches"), ({"patience": 0}, "patience"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"lr_factor": 1.5}, "lr_factor"),
+        ({"max_rollbacks": 0}, "max_rollbacks"),
+        ({"skip_batches": -1}, "skip_batches"),
+        ({"patience": 0}, "patience"),
+    ],
+)
 def test_recovery_rejects_bad_arguments_by_name(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         _recovery(**kwargs)

@@ -34,30 +34,48 @@ def _model_and_data(seed: int = 0):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
     generator = torch.Generator().manual_seed(1)
-    data = [(torch.randn(16, 6, generator=generator), torch.randint(0, 3, (16,), generator=generator))
-            for _ in range(80)]
+    data = [
+        (torch.randn(16, 6, generator=generator), torch.randint(0, 3, (16,), generator=generator))
+        for _ in range(80)
+    ]
     return model, data
 
 
 class _Door:
     """One front door: the stabilizer (its own loop) or the guard (a framework's loop)."""
 
-    def __init__(self, kind: str, tmp_path, averaged: bool = False, scheduler: str = "lambda", **options):
+    def __init__(
+        self, kind: str, tmp_path, averaged: bool = False, scheduler: str = "lambda", **options
+    ):
         self.model, self.data = _model_and_data()
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9)
         if scheduler == "lambda":
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _schedule)
         else:
-            self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(self.optimizer, patience=0, factor=0.5,
-                                                                        threshold=0.5)
+            self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+                self.optimizer, patience=0, factor=0.5, threshold=0.5
+            )
         self.average = torch.optim.swa_utils.AveragedModel(self.model) if averaged else None
         self.kind = kind
         if kind == "stabilizer":
-            self.front = TrainingStabilizer(self.model, self.optimizer, self.scheduler, check_every=CHECK,
-                                            checkpoint_dir=tmp_path, averaged=self.average, **options)
+            self.front = TrainingStabilizer(
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                check_every=CHECK,
+                checkpoint_dir=tmp_path,
+                averaged=self.average,
+                **options,
+            )
         else:
-            self.front = GuardedOptimizer(self.optimizer, self.scheduler, model=self.model, check_every=CHECK,
-                                          checkpoint_dir=tmp_path, **options)
+            self.front = GuardedOptimizer(
+                self.optimizer,
+                self.scheduler,
+                model=self.model,
+                check_every=CHECK,
+                checkpoint_dir=tmp_path,
+                **options,
+            )
         self.core = self.front.core
 
     def step(self, i: int, bad: bool = False) -> None:
@@ -86,7 +104,8 @@ def _diverge(door: _Door, start: int, length: int = CHECK) -> None:
 
 @pytest.mark.parametrize("kind", DOORS)
 def test_after_a_rollback_each_step_runs_at_lr_factor_times_the_schedule_at_the_restored_position(
-        kind: str, tmp_path) -> None:
+    kind: str, tmp_path
+) -> None:
     """Break caught: ``self.window.reopen()`` dropped from ``GuardedUpdate.roll_back``."""
     door = _Door(kind, tmp_path)
     for i in range(CHECK):
@@ -95,12 +114,16 @@ def test_after_a_rollback_each_step_runs_at_lr_factor_times_the_schedule_at_the_
     assert door.core.recovery.history and door.core.recovery.history[-1]["restored_step"] == CHECK
     for j in range(2 * CHECK):  # two windows after the rollback, the first of them the one at risk
         door.step(100 + j)
-        position = CHECK + j + ((j + 1) % CHECK == 0)  # after a boundary: the next window's first rate
+        position = (
+            CHECK + j + ((j + 1) % CHECK == 0)
+        )  # after a boundary: the next window's first rate
         assert door.rate() == pytest.approx(0.5 * 0.1 * _schedule(position), rel=1e-6), j
 
 
 @pytest.mark.parametrize("kind", DOORS)
-def test_a_window_with_two_flagged_steps_in_a_row_is_no_rollback_target(kind: str, tmp_path) -> None:
+def test_a_window_with_two_flagged_steps_in_a_row_is_no_rollback_target(
+    kind: str, tmp_path
+) -> None:
     """Break caught: ``is_safe`` taking any window that did not roll back."""
     door = _Door(kind, tmp_path)
     for i in range(CHECK):
@@ -136,7 +159,9 @@ def test_a_rollback_restores_the_averaged_model(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("kind", DOORS)
-def test_check_between_boundaries_leaves_the_schedule_where_plain_torch_has_it(kind: str, tmp_path) -> None:
+def test_check_between_boundaries_leaves_the_schedule_where_plain_torch_has_it(
+    kind: str, tmp_path
+) -> None:
     """Break caught: ``boundary`` closing the window with ``check_every - skipped`` applied steps."""
     door = _Door(kind, tmp_path)
     for i in range(25):
@@ -158,7 +183,9 @@ def test_reduce_lr_on_plateau_through_the_guard(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("kind", DOORS)
-def test_skips_and_rollbacks_are_logged_with_their_step_and_reason(kind: str, tmp_path, caplog) -> None:
+def test_skips_and_rollbacks_are_logged_with_their_step_and_reason(
+    kind: str, tmp_path, caplog
+) -> None:
     """Break caught: ``_log_skips`` or the rollback's ``logger.warning`` removed."""
     door = _Door(kind, tmp_path)
     with caplog.at_level(logging.INFO, logger="trainopt.stability"):

@@ -11,13 +11,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from optimizer_configs import HELD, ids
+
 from trainopt.stability.scale_kernels import update_scale_with_hysteresis_
 from trainopt.stability.scaling import DynamicLossScaler
 from trainopt.stability.syncs import HostSyncCounter
-
-
 
 
 def make_model(seed: int = 0) -> torch.nn.Module:
@@ -53,7 +51,9 @@ def assert_same(model_a, opt_a, model_b, opt_b) -> None:
     assert state_a.keys() == state_b.keys()
     for key in state_a:
         for name in state_a[key]:
-            assert torch.equal(torch.as_tensor(state_a[key][name]), torch.as_tensor(state_b[key][name])), name
+            assert torch.equal(
+                torch.as_tensor(state_a[key][name]), torch.as_tensor(state_b[key][name])
+            ), name
 
 
 @pytest.mark.parametrize("config", HELD, ids=ids(HELD))
@@ -75,7 +75,9 @@ def test_matches_grad_scaler_step_for_step(config, skip_mode, init_scale):
             opt.zero_grad(set_to_none=True)
             scaler.scale(torch.nn.functional.cross_entropy(model(x), y)).backward()
             if inject.get(step):
-                next(model.parameters()).grad.view(-1)[0] = math.inf if inject[step] == "inf" else math.nan
+                next(model.parameters()).grad.view(-1)[0] = (
+                    math.inf if inject[step] == "inf" else math.nan
+                )
             if clip:
                 scaler.unscale_(opt)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -171,7 +173,11 @@ def test_update_follows_documented_rule(found, interval, hysteresis):
 def test_hysteresis_code_path_with_one_equals_torch_kernel(found, interval):
     """The hand-written update (used for hysteresis > 1) reduces to torch's at hysteresis 1."""
     a = torch.tensor(2.0**120), torch.zeros((), dtype=torch.int32)
-    b = torch.tensor(2.0**120), torch.zeros((), dtype=torch.int32), torch.zeros((), dtype=torch.int32)
+    b = (
+        torch.tensor(2.0**120),
+        torch.zeros((), dtype=torch.int32),
+        torch.zeros((), dtype=torch.int32),
+    )
     for f in found:
         found_inf = torch.tensor(float(f))
         torch._amp_update_scale_(a[0], a[1], found_inf, 2.0**4, 0.5, interval)
@@ -344,7 +350,10 @@ def test_cuda_fp16_matches_grad_scaler_and_never_syncs(kind):
         scaler.update()
 
     for i in range(12):
-        x, y = torch.randn(16, 6, device=device, generator=g), torch.randn(16, 2, device=device, generator=g)
+        x, y = (
+            torch.randn(16, 6, device=device, generator=g),
+            torch.randn(16, 2, device=device, generator=g),
+        )
         if i == 0:
             step(model_a, opt_a, ours, x, y, False)  # lazy set-up happens here
         else:

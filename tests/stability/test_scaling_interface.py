@@ -27,8 +27,11 @@ def train_step(model, opt, scaler, x, y, inject: str | None, clip: bool) -> None
 
 
 def _public(cls: type) -> dict[str, inspect.Signature]:
-    return {name: inspect.signature(getattr(cls, name)) for name in dir(cls)
-            if (not name.startswith("_") or name == "__init__") and callable(getattr(cls, name))}
+    return {
+        name: inspect.signature(getattr(cls, name))
+        for name in dir(cls)
+        if (not name.startswith("_") or name == "__init__") and callable(getattr(cls, name))
+    }
 
 
 def test_every_public_method_of_grad_scaler_exists_with_its_arguments():
@@ -39,13 +42,20 @@ def test_every_public_method_of_grad_scaler_exists_with_its_arguments():
 
 
 def test_getters_and_setters_agree_with_grad_scaler_and_take_effect():
-    ours = DynamicLossScaler(device="cpu", init_scale=8.0, growth_factor=4.0, backoff_factor=0.25,
-                             growth_interval=5)
-    theirs = torch.amp.GradScaler(device="cpu", init_scale=8.0, growth_factor=4.0, backoff_factor=0.25,
-                                  growth_interval=5)
+    ours = DynamicLossScaler(
+        device="cpu", init_scale=8.0, growth_factor=4.0, backoff_factor=0.25, growth_interval=5
+    )
+    theirs = torch.amp.GradScaler(
+        device="cpu", init_scale=8.0, growth_factor=4.0, backoff_factor=0.25, growth_interval=5
+    )
     for scaler in (ours, theirs):
-        assert (scaler.get_growth_factor(), scaler.get_backoff_factor(), scaler.get_growth_interval(),
-                scaler.is_enabled(), scaler.get_scale()) == (4.0, 0.25, 5, True, 8.0)
+        assert (
+            scaler.get_growth_factor(),
+            scaler.get_backoff_factor(),
+            scaler.get_growth_interval(),
+            scaler.is_enabled(),
+            scaler.get_scale(),
+        ) == (4.0, 0.25, 5, True, 8.0)
         scaler.set_growth_factor(3.0)
         scaler.set_backoff_factor(0.5)
         scaler.set_growth_interval(2)
@@ -59,7 +69,9 @@ def test_getters_and_setters_agree_with_grad_scaler_and_take_effect():
         train_step(model_b, opt_b, theirs, x, y, "inf" if f else None, False)
         assert ours.get_scale() == theirs.get_scale()
     assert ours.get_scale() == 8.0 * 3 * 0.5 * 3
-    assert ours.state_dict().items() >= theirs.state_dict().items()  # GradScaler's keys, same values
+    assert (
+        ours.state_dict().items() >= theirs.state_dict().items()
+    )  # GradScaler's keys, same values
 
 
 def test_state_dict_has_grad_scaler_keys_and_loads_into_a_grad_scaler_mid_run():

@@ -10,9 +10,9 @@ import math
 
 import pytest
 import torch
-
 from optimizer_configs import HELD, ids, nan_allocator
 from optimizer_configs import assert_same as assert_state
+
 from trainopt.stability.scaling import DynamicLossScaler
 from trainopt.stability.syncs import HostSyncCounter
 
@@ -24,7 +24,9 @@ def assert_same(model_a, opt_a, model_b, opt_b) -> None:
     assert state_a.keys() == state_b.keys()
     for key in state_a:
         for name in state_a[key]:
-            assert torch.equal(torch.as_tensor(state_a[key][name]), torch.as_tensor(state_b[key][name])), name
+            assert torch.equal(
+                torch.as_tensor(state_a[key][name]), torch.as_tensor(state_b[key][name])
+            ), name
 
 
 def _config_step(model, opt, scaler, batch, inject: bool) -> None:
@@ -39,7 +41,9 @@ def _config_step(model, opt, scaler, batch, inject: bool) -> None:
 
 def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(3)
-    return [(torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(n)]
+    return [
+        (torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("config", HELD, ids=ids(HELD))
@@ -98,6 +102,7 @@ def test_sync_free_paths_add_no_host_sync(config):
 
 def test_mask_mode_refuses_an_optimizer_it_cannot_skip_exactly():
     from optimizer_configs import REFUSED_CONFIGS
+
     from trainopt.stability.optimizers import UnsupportedOptimizerError
 
     config = next(c for c in REFUSED_CONFIGS if c.cls is torch.optim.SGD)  # dampening
@@ -105,4 +110,6 @@ def test_mask_mode_refuses_an_optimizer_it_cannot_skip_exactly():
     opt = config.build(model.parameters())
     with pytest.raises(UnsupportedOptimizerError, match="dampening"):
         _config_step(model, opt, DynamicLossScaler(skip_mode="mask"), _batches(1)[0], True)
-    _config_step(model, opt, DynamicLossScaler(skip_mode="sync"), _batches(1)[0], True)  # the host read is exact
+    _config_step(
+        model, opt, DynamicLossScaler(skip_mode="sync"), _batches(1)[0], True
+    )  # the host read is exact

@@ -9,19 +9,21 @@ are the plain run's at the same count of applied steps.
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-
 from scheduler_configs import SCHEDULERS
+
 from trainopt.stability import Detection, TrainingStabilizer
 
 STEPS, BAD = 28, {2, 9}
-STEPPED = {name: build for name, build in SCHEDULERS.items()
-           if name not in ("ReduceLROnPlateau", "AdaptiveLearningRate")}  # stepped with a metric
+STEPPED = {
+    name: build
+    for name, build in SCHEDULERS.items()
+    if name not in ("ReduceLROnPlateau", "AdaptiveLearningRate")
+}  # stepped with a metric
 OPTIMIZERS = {
     "SGD-momentum": lambda groups: torch.optim.SGD(groups, lr=0.1, momentum=0.9),
     "AdamW-fused": lambda groups: torch.optim.AdamW(groups, lr=0.1, fused=True),
@@ -32,15 +34,20 @@ OPTIMIZERS = {
 def _build(optimizer_name: str, scheduler_name: str, seed: int = 0):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
-    groups = [{"params": model[0].parameters(), "lr": 0.1}, {"params": model[2].parameters(), "lr": 0.05}]
+    groups = [
+        {"params": model[0].parameters(), "lr": 0.1},
+        {"params": model[2].parameters(), "lr": 0.05},
+    ]
     optimizer = OPTIMIZERS[optimizer_name](groups)
     return model, optimizer, STEPPED[scheduler_name](optimizer)
 
 
 def _data():
     generator = torch.Generator().manual_seed(1)
-    return [(torch.randn(16, 6, generator=generator), torch.randint(0, 3, (16,), generator=generator))
-            for _ in range(STEPS)]
+    return [
+        (torch.randn(16, 6, generator=generator), torch.randint(0, 3, (16,), generator=generator))
+        for _ in range(STEPS)
+    ]
 
 
 def _plain(optimizer_name: str, scheduler_name: str) -> tuple[torch.nn.Module, list[list[float]]]:
@@ -61,13 +68,21 @@ def _plain(optimizer_name: str, scheduler_name: str) -> tuple[torch.nn.Module, l
 
 def _stabilized(optimizer_name: str, scheduler_name: str, check_every: int):
     model, optimizer, scheduler = _build(optimizer_name, scheduler_name)
-    stabilizer = TrainingStabilizer(model, optimizer, scheduler, check_every=check_every, detection=Detection(skip_unstable=False))
+    stabilizer = TrainingStabilizer(
+        model,
+        optimizer,
+        scheduler,
+        check_every=check_every,
+        detection=Detection(skip_unstable=False),
+    )
     at_boundaries = []
     for i, (x, y) in enumerate(_data()):
         factor = math.nan if i in BAD else 1.0
         stabilizer.step(lambda: F.cross_entropy(model(x), y) * factor)
         if stabilizer.steps % check_every == 0:
-            at_boundaries.append((stabilizer.applied_steps, [g["lr"] for g in optimizer.param_groups]))
+            at_boundaries.append(
+                (stabilizer.applied_steps, [g["lr"] for g in optimizer.param_groups])
+            )
     return model, at_boundaries
 
 
@@ -75,9 +90,12 @@ CASES = [(o, s) for o in OPTIMIZERS for s in STEPPED]
 
 
 @pytest.mark.parametrize("check_every", [1, 4, 7, 100])
-@pytest.mark.parametrize(("optimizer_name", "scheduler_name"), CASES, ids=[f"{o}-{s}" for o, s in CASES])
+@pytest.mark.parametrize(
+    ("optimizer_name", "scheduler_name"), CASES, ids=[f"{o}-{s}" for o, s in CASES]
+)
 def test_the_rate_of_each_applied_step_is_the_schedule_at_the_applied_count(
-        optimizer_name: str, scheduler_name: str, check_every: int) -> None:
+    optimizer_name: str, scheduler_name: str, check_every: int
+) -> None:
     model, at_boundaries = _stabilized(optimizer_name, scheduler_name, check_every)
     reference, rates = _plain(optimizer_name, scheduler_name)
     if scheduler_name not in CYCLES_MOMENTUM or check_every == 1:
@@ -97,35 +115,52 @@ CYCLES_MOMENTUM = ("CyclicLR", "OneCycleLR")
 def test_cycled_momentum_follows_the_host_position_after_a_skip(optimizer_name: str) -> None:
     """The documented bound: momentum/betas run one row ahead per skip until the boundary, lr exact."""
     model, optimizer, scheduler = _build(optimizer_name, "OneCycleLR")
-    stabilizer = TrainingStabilizer(model, optimizer, scheduler, check_every=8, detection=Detection(skip_unstable=False))
+    stabilizer = TrainingStabilizer(
+        model, optimizer, scheduler, check_every=8, detection=Detection(skip_unstable=False)
+    )
     key = "momentum" if "SGD" in optimizer_name else "betas"
     rows = stabilizer.window.host_rows
     column = next(i for i, (_, k, _, _) in enumerate(stabilizer.window.slots) if k == key)
-    lr_column = next(i for i, (g, k, _, _) in enumerate(stabilizer.window.slots)
-                     if k == "lr" and g is optimizer.param_groups[0])
+    lr_column = next(
+        i
+        for i, (g, k, _, _) in enumerate(stabilizer.window.slots)
+        if k == "lr" and g is optimizer.param_groups[0]
+    )
     used = []
     for i, (x, y) in enumerate(_data()[:8]):
         factor = math.nan if i == 2 else 1.0
         stabilizer.step(lambda: F.cross_entropy(model(x), y) * factor)
         value = optimizer.param_groups[0][key]
-        used.append((float(stabilizer.last_lr[0]), value if key == "momentum" else value[0],
-                     optimizer.param_groups[0]["lr"]))
+        used.append(
+            (
+                float(stabilizer.last_lr[0]),
+                value if key == "momentum" else value[0],
+                optimizer.param_groups[0]["lr"],
+            )
+        )
     for step, (lr, momentum, logged) in enumerate(used[:7]):
         applied = step if step < 2 else step - (step > 2)  # step 2 skipped: one applied step fewer
         assert momentum == rows[step][column]  # the host position, skipped step included
         assert logged == rows[step][lr_column]  # what loggers read: the host position too
-        assert lr == pytest.approx(rows[min(applied, 7)][lr_column] if step != 2 else rows[2][lr_column])
+        assert lr == pytest.approx(
+            rows[min(applied, 7)][lr_column] if step != 2 else rows[2][lr_column]
+        )
 
 
 def test_without_the_window_the_old_hold_still_shifts_the_schedule() -> None:
     """The control: stepping the scheduler on every call, skipped ones included, drifts by percents."""
     model, optimizer, scheduler = _build("SGD-momentum", "StepLR")
-    stabilizer = TrainingStabilizer(model, optimizer, None, check_every=4, detection=Detection(skip_unstable=False))
+    stabilizer = TrainingStabilizer(
+        model, optimizer, None, check_every=4, detection=Detection(skip_unstable=False)
+    )
     for i, (x, y) in enumerate(_data()):
         factor = math.nan if i in BAD else 1.0
         stabilizer.step(lambda: F.cross_entropy(model(x), y) * factor)
         scheduler.step()
     reference, _ = _plain("SGD-momentum", "StepLR")
     with torch.no_grad():
-        drift = max(float((p - q).abs().max() / q.abs().max()) for p, q in zip(model.parameters(), reference.parameters()))
+        drift = max(
+            float((p - q).abs().max() / q.abs().max())
+            for p, q in zip(model.parameters(), reference.parameters())
+        )
     assert drift > 1e-3

@@ -15,7 +15,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from optimizer_configs import (
     CONFIGS,
     HELD,
@@ -26,6 +25,7 @@ from optimizer_configs import (
     nan_allocator,
     optimizer_state,
 )
+
 from trainopt.stability.optimizers import UnsupportedOptimizerError, check_skippable
 from trainopt.stability.scaling import DynamicLossScaler
 from trainopt.stability.skip import fused_step, masked_step
@@ -36,8 +36,10 @@ CLEAN_STEPS = 4
 
 def _batches(n: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(seed)
-    return [(torch.randn(8, 6, generator=generator), torch.randint(0, 3, (8,), generator=generator))
-            for _ in range(n)]
+    return [
+        (torch.randn(8, 6, generator=generator), torch.randint(0, 3, (8,), generator=generator))
+        for _ in range(n)
+    ]
 
 
 def _loss(model, batch, factor: float = 1.0):
@@ -73,7 +75,9 @@ def _stabilized_run(config, batches, skip_at: int):
 
 @pytest.mark.parametrize("skip_at", [0, 2], ids=["first step", "mid-run"])
 @pytest.mark.parametrize("config", HELD, ids=ids(HELD))
-def test_a_skipped_step_then_clean_steps_equals_the_clean_steps_of_plain_torch(config, skip_at: int) -> None:
+def test_a_skipped_step_then_clean_steps_equals_the_clean_steps_of_plain_torch(
+    config, skip_at: int
+) -> None:
     batches = _batches(CLEAN_STEPS)
     reference, ref_opt = _plain_run(config, batches)
     model, opt = _stabilized_run(config, batches, skip_at)
@@ -83,7 +87,9 @@ def test_a_skipped_step_then_clean_steps_equals_the_clean_steps_of_plain_torch(c
 
 
 @pytest.mark.parametrize("config", REFUSED_CONFIGS, ids=ids(REFUSED_CONFIGS))
-def test_optimizers_that_cannot_be_skipped_exactly_are_refused_naming_an_alternative(config) -> None:
+def test_optimizers_that_cannot_be_skipped_exactly_are_refused_naming_an_alternative(
+    config,
+) -> None:
     model = config.model()
     opt = config.build(model.parameters())
     with pytest.raises(UnsupportedOptimizerError) as caught:
@@ -96,14 +102,22 @@ def test_optimizers_that_cannot_be_skipped_exactly_are_refused_naming_an_alterna
 
 def test_the_configurations_cover_every_class_of_torch_optim() -> None:
     classes = {c.cls for c in CONFIGS}
-    assert classes == {cls for cls in vars(torch.optim).values() if isinstance(cls, type)
-                       and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer}
+    assert classes == {
+        cls
+        for cls in vars(torch.optim).values()
+        if isinstance(cls, type)
+        and issubclass(cls, torch.optim.Optimizer)
+        and cls is not torch.optim.Optimizer
+    }
     assert {tuple(c.implementation) for c in CONFIGS} >= {("foreach",), ("fused",)}
     assert len(HELD) + len(REFUSED_CONFIGS) == len(CONFIGS) and len(REFUSED_CONFIGS) == 5
 
 
-@pytest.mark.parametrize("config", [c for c in HELD if not c.implementation.get("fused")],
-                         ids=ids([c for c in HELD if not c.implementation.get("fused")]))
+@pytest.mark.parametrize(
+    "config",
+    [c for c in HELD if not c.implementation.get("fused")],
+    ids=ids([c for c in HELD if not c.implementation.get("fused")]),
+)
 def test_masked_skip_of_first_step_equals_never_stepping(config) -> None:
     """The state a skipped first step leaves is the state the next real first step creates."""
     batches = _batches(2)
@@ -137,7 +151,9 @@ def test_an_applied_masked_or_fused_step_is_exactly_the_plain_step(config) -> No
     assert_same(optimizer_state(opt), optimizer_state(ref_opt))
 
 
-def test_torch_fused_sgd_keeps_the_buffers_a_skipped_first_step_creates_and_fused_step_zeroes_them() -> None:
+def test_torch_fused_sgd_keeps_the_buffers_a_skipped_first_step_creates_and_fused_step_zeroes_them() -> (
+    None
+):
     """The upstream behaviour fused_step repairs: torch's own found_inf path, without the repair."""
     batches = _batches(2)
     config = next(c for c in HELD if c.name == "SGD(momentum=0.9) [fused=True]")
@@ -154,8 +170,10 @@ def test_torch_fused_sgd_keeps_the_buffers_a_skipped_first_step_creates_and_fuse
     repaired_opt = config.build(repaired.parameters())
     _loss(repaired, batches[0], math.nan).backward()
     fused_step(repaired_opt, torch.tensor(1.0))
-    assert all(torch.equal(s["momentum_buffer"], torch.zeros_like(s["momentum_buffer"]))
-               for s in repaired_opt.state.values())
+    assert all(
+        torch.equal(s["momentum_buffer"], torch.zeros_like(s["momentum_buffer"]))
+        for s in repaired_opt.state.values()
+    )
 
 
 def test_dynamic_loss_scaler_repairs_a_skipped_first_fused_sgd_step() -> None:
@@ -181,19 +199,27 @@ def test_check_skippable_refuses_state_on_another_device_than_the_parameters() -
     """Non-capturable Adam keeps its step counter on the CPU: with parameters elsewhere (here
     the meta device stands in for a GPU), undoing a skip would read the flag on the host."""
     w = torch.nn.Parameter(torch.zeros(3, device="meta"))
-    with pytest.raises(UnsupportedOptimizerError, match=r"Adam cannot be stabilized: its state 'step' lives on cpu"):
+    with pytest.raises(
+        UnsupportedOptimizerError, match=r"Adam cannot be stabilized: its state 'step' lives on cpu"
+    ):
         check_skippable(torch.optim.Adam([w]))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the sync check runs a step on the GPU")
-@pytest.mark.parametrize("make, refused", [
-    (lambda p: torch.optim.AdamW(p, fused=True), False),
-    (lambda p: torch.optim.AdamW(p, capturable=True), False),
-    (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), False),
-    (lambda p: torch.optim.AdamW(p), True),
-    (lambda p: torch.optim.Adafactor(p), True),
-    (lambda p: torch.optim.Rprop(p), True),
-], ids=["fused AdamW", "capturable AdamW", "SGD momentum", "AdamW", "Adafactor", "Rprop"])
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA: the sync check runs a step on the GPU"
+)
+@pytest.mark.parametrize(
+    "make, refused",
+    [
+        (lambda p: torch.optim.AdamW(p, fused=True), False),
+        (lambda p: torch.optim.AdamW(p, capturable=True), False),
+        (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), False),
+        (lambda p: torch.optim.AdamW(p), True),
+        (lambda p: torch.optim.Adafactor(p), True),
+        (lambda p: torch.optim.Rprop(p), True),
+    ],
+    ids=["fused AdamW", "capturable AdamW", "SGD momentum", "AdamW", "Adafactor", "Rprop"],
+)
 def test_on_cuda_only_configurations_that_never_sync_are_accepted(make, refused: bool) -> None:
     w = torch.nn.Parameter(torch.zeros(4, 4, device="cuda"))
     if refused:

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-
 from optimizer_configs import HELD, assert_same, ids
+
+from trainopt.schedules.adapters import cosine_annealing_schedule
 from trainopt.stability.config import Detection
 from trainopt.stability.scaling import DynamicLossScaler
-from trainopt.schedules.adapters import cosine_annealing_schedule
 from trainopt.stability.stabilizer import StabilityChecker, TrainingStabilizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,9 @@ def _poison_grads(param: torch.Tensor, factor: float):
 
 
 def _optimizer_state(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [v.detach().clone() for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    return [
+        v.detach().clone() for s in opt.state.values() for v in s.values() if torch.is_tensor(v)
+    ]
 
 
 def test_clean_steps_match_a_plain_clipped_adamw_loop() -> None:
@@ -94,10 +96,14 @@ def test_overflow_is_judged_from_gradients_not_the_loss() -> None:
 
 
 @pytest.mark.parametrize("skip_unstable, expect_skipped", [(True, 1), (False, 0)])
-def test_loss_spike_step_is_skipped_only_when_asked(skip_unstable: bool, expect_skipped: int) -> None:
+def test_loss_spike_step_is_skipped_only_when_asked(
+    skip_unstable: bool, expect_skipped: int
+) -> None:
     model, x, y = _task()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    stabilizer = TrainingStabilizer(model, opt, check_every=100, detection=Detection(skip_unstable=skip_unstable))
+    stabilizer = TrainingStabilizer(
+        model, opt, check_every=100, detection=Detection(skip_unstable=skip_unstable)
+    )
     for _ in range(25):
         stabilizer.step(_loss(model, x, y))
     stabilizer.step(_loss(model, x, y, scale=100.0))
@@ -169,7 +175,11 @@ def test_bf16_needs_no_loss_scaler() -> None:
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"dtype": "fp8"}, "dtype"), ({"check_every": 0}, "check_every"), ({"max_grad_norm": -1.0}, "max_grad_norm")],
+    [
+        ({"dtype": "fp8"}, "dtype"),
+        ({"check_every": 0}, "check_every"),
+        ({"max_grad_norm": -1.0}, "max_grad_norm"),
+    ],
 )
 def test_stabilizer_rejects_bad_arguments_by_name(kwargs: dict, field: str) -> None:
     model, _, _ = _task()
@@ -180,9 +190,14 @@ def test_stabilizer_rejects_bad_arguments_by_name(kwargs: dict, field: str) -> N
 WRONG = {
     "a loss spike": (lambda loss, model: loss * 50.0, "loss spikes"),
     "a NaN loss": (lambda loss, model: loss + math.nan, "non-finite losses"),
-    "a non-finite gradient": (lambda loss, model: loss + 0.0 * model[0].weight.sum() * math.inf,
-                              "non-finite gradient norms"),
-    "a gradient explosion": (lambda loss, model: loss + 1e4 * model[2].bias.pow(2).sum(), "gradient explosions"),
+    "a non-finite gradient": (
+        lambda loss, model: loss + 0.0 * model[0].weight.sum() * math.inf,
+        "non-finite gradient norms",
+    ),
+    "a gradient explosion": (
+        lambda loss, model: loss + 1e4 * model[2].bias.pow(2).sum(),
+        "gradient explosions",
+    ),
 }
 
 
@@ -226,8 +241,11 @@ def test_no_deprecated_cuda_amp_spelling_in_src_or_docs() -> None:
         r"from\s+torch\.cuda\.amp\s+import|import\s+torch\.cuda\.amp"
         r"|torch\.cuda\.amp\.(autocast|GradScaler|custom_fwd|custom_bwd)\b\s*[(\[]?"
     )
-    seed_lines = ["from torch.cuda.amp import autocast, GradScaler", "with torch.cuda.amp.autocast():",
-                  "scaler = torch.cuda.amp.GradScaler()"]
+    seed_lines = [
+        "from torch.cuda.amp import autocast, GradScaler",
+        "with torch.cuda.amp.autocast():",
+        "scaler = torch.cuda.amp.GradScaler()",
+    ]
     assert all(pattern.search(line) for line in seed_lines)  # the check can fail
     assert not pattern.search("Deprecation warnings about `torch.cuda.amp`.")
     offenders = []
@@ -250,8 +268,9 @@ def test_rollback_at_a_boundary_keeps_schedule_and_applied_steps_aligned(tmp_pat
     model, x, y = _task()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
     sched = cosine_annealing_schedule(opt, total_steps=100, warmup_steps=5)
-    recovery = TrainingRecovery(model, opt, CheckpointManager(tmp_path, save_every=10),
-                                scheduler=sched, lr_factor=0.5)
+    recovery = TrainingRecovery(
+        model, opt, CheckpointManager(tmp_path, save_every=10), scheduler=sched, lr_factor=0.5
+    )
     stabilizer = TrainingStabilizer(model, opt, sched, check_every=10, recovery=recovery)
     _nan_at({3}, stabilizer, model, x, y, total=20)  # boundaries at 10 and 20 save checkpoints
     saved = [p.detach().clone() for p in model.parameters()]
@@ -277,10 +296,19 @@ def _resumable_run(folder: Path, seed: int = 1):
     model, x, y = _task(seed=seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
     sched = cosine_annealing_schedule(opt, total_steps=40, warmup_steps=4)
-    recovery = TrainingRecovery(model, opt, CheckpointManager(folder, save_every=5), scheduler=sched)
+    recovery = TrainingRecovery(
+        model, opt, CheckpointManager(folder, save_every=5), scheduler=sched
+    )
     sampler = ResumableSampler(len(x), 16, seed=seed)
-    stabilizer = TrainingStabilizer(model, opt, sched, clipper=ZScoreClipper(warmup_steps=3), check_every=5,
-                                    recovery=recovery, data=sampler)
+    stabilizer = TrainingStabilizer(
+        model,
+        opt,
+        sched,
+        clipper=ZScoreClipper(warmup_steps=3),
+        check_every=5,
+        recovery=recovery,
+        data=sampler,
+    )
     return stabilizer, x, y
 
 
@@ -295,7 +323,9 @@ def _train_to(stabilizer: TrainingStabilizer, x, y, steps: int) -> None:
         stabilizer.step(lambda: F.cross_entropy(model(x[idx] * mask), y[idx]) * factor)
 
 
-def test_a_restart_from_the_stabilizers_own_checkpoint_is_bitwise_the_same_run(tmp_path: Path) -> None:
+def test_a_restart_from_the_stabilizers_own_checkpoint_is_bitwise_the_same_run(
+    tmp_path: Path,
+) -> None:
     """Crash at step 13 (last checkpoint: 10), rebuild everything, resume(), train to 30: the same
     weights, optimizer, schedule, clipper, counters, windows, recovery state, data position and
     random numbers as the run that never stopped. Nothing is added to the checkpoint by hand."""
@@ -313,17 +343,23 @@ def test_a_restart_from_the_stabilizers_own_checkpoint_is_bitwise_the_same_run(t
     assert resumed.resume() == 10
     _train_to(resumed, x, y, 30)
 
-    assert all(torch.equal(p, q) for p, q in zip(straight.model.parameters(), resumed.model.parameters()))
-    assert all(torch.equal(a, b) for a, b in zip(_optimizer_state(straight.optimizer),
-                                                 _optimizer_state(resumed.optimizer)))
+    assert all(
+        torch.equal(p, q) for p, q in zip(straight.model.parameters(), resumed.model.parameters())
+    )
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(_optimizer_state(straight.optimizer), _optimizer_state(resumed.optimizer))
+    )
     assert straight.scheduler.state_dict() == resumed.scheduler.state_dict()
     assert straight.skip_events == resumed.skip_events == 1 and resumed.applied_steps == 29
     counters = ("steps", "skipped_steps", "skip_events", "last_save")
     assert [getattr(straight, c) for c in counters] == [getattr(resumed, c) for c in counters]
     assert_same(straight.checker.state_dict(), resumed.checker.state_dict())
     assert straight.clipper.state_dict().keys() == resumed.clipper.state_dict().keys()
-    assert all(torch.equal(torch.as_tensor(v), torch.as_tensor(resumed.clipper.state_dict()[k]))
-               for k, v in straight.clipper.state_dict().items())
+    assert all(
+        torch.equal(torch.as_tensor(v), torch.as_tensor(resumed.clipper.state_dict()[k]))
+        for k, v in straight.clipper.state_dict().items()
+    )
     assert straight.recovery.state_dict() == resumed.recovery.state_dict()
     assert straight.data.state_dict() == resumed.data.state_dict()
     assert torch.equal(torch.get_rng_state(), generator_after)  # the masks drawn were the same
@@ -337,7 +373,9 @@ def test_a_rollback_restores_the_trajectory_and_keeps_counting_skips(tmp_path: P
         for p in stabilizer.model.parameters():
             p.add_(torch.randn_like(p) * 3.0)
     _train_to(stabilizer, x, y, 14)
-    stabilizer.step(lambda: F.cross_entropy(stabilizer.model(x), y))  # the boundary at 15 rolls back to 10
+    stabilizer.step(
+        lambda: F.cross_entropy(stabilizer.model(x), y)
+    )  # the boundary at 15 rolls back to 10
     assert [h["restored_step"] for h in stabilizer.recovery.history] == [10]
     assert stabilizer.steps == 10 and stabilizer.recovery.lr_scale == 0.5
     assert all(torch.equal(p, s) for p, s in zip(stabilizer.model.parameters(), saved))

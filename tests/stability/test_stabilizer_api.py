@@ -19,8 +19,10 @@ def _task(seed: int = 0):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
     generator = torch.Generator().manual_seed(seed + 1)
-    data = [(torch.randn(8, 8, generator=generator), torch.randint(0, 3, (8,), generator=generator))
-            for _ in range(48)]
+    data = [
+        (torch.randn(8, 8, generator=generator), torch.randint(0, 3, (8,), generator=generator))
+        for _ in range(48)
+    ]
     return model, data
 
 
@@ -34,8 +36,8 @@ def test_accumulation_equals_the_plain_loop_over_the_concatenated_micro_batches(
         stabilizer.step(lambda: F.cross_entropy(model(x), y))
     for i in range(0, len(data), 4):
         ref_opt.zero_grad()
-        x = torch.cat([b[0] for b in data[i:i + 4]])
-        y = torch.cat([b[1] for b in data[i:i + 4]])
+        x = torch.cat([b[0] for b in data[i : i + 4]])
+        y = torch.cat([b[1] for b in data[i : i + 4]])
         F.cross_entropy(reference(x), y).backward()
         torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
         ref_opt.step()
@@ -73,13 +75,24 @@ def test_two_optimizers_update_together_and_skip_together() -> None:
 def test_a_checkpoint_dir_gives_saves_rollbacks_and_resume(tmp_path: Path) -> None:
     model, data = _task()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
-    stabilizer = TrainingStabilizer(model, opt, checkpoint_dir=tmp_path, check_every=5, rollback=Rollback(save_every=7))
+    stabilizer = TrainingStabilizer(
+        model, opt, checkpoint_dir=tmp_path, check_every=5, rollback=Rollback(save_every=7)
+    )
     for x, y in data[:20]:
         stabilizer.step(lambda: F.cross_entropy(model(x), y))
     saved = sorted(int(p.stem.split("_")[-1]) for p in tmp_path.glob("checkpoint_step_*.pt"))
-    assert saved == [0, 10, 20]  # the start, then the first stable boundary 7 or more steps after the last
-    again = TrainingStabilizer(copy.deepcopy(model), torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True),
-                               checkpoint_dir=tmp_path, check_every=5, rollback=Rollback(save_every=7))
+    assert saved == [
+        0,
+        10,
+        20,
+    ]  # the start, then the first stable boundary 7 or more steps after the last
+    again = TrainingStabilizer(
+        copy.deepcopy(model),
+        torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True),
+        checkpoint_dir=tmp_path,
+        check_every=5,
+        rollback=Rollback(save_every=7),
+    )
     assert again.resume() == 20
 
 
@@ -110,10 +123,19 @@ def _recovery(model, opt, folder, scheduler=None):
     return TrainingRecovery(model, opt, CheckpointManager(folder), scheduler=scheduler)
 
 
-@pytest.mark.parametrize("case", ["recovery without the scheduler", "recovery of another optimizer",
-                                  "recovery and checkpoint_dir", "a scheduler of another optimizer",
-                                  "schedulers and optimizers of different counts", "accumulate=0",
-                                  "save_every=0", "a step hook"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "recovery without the scheduler",
+        "recovery of another optimizer",
+        "recovery and checkpoint_dir",
+        "a scheduler of another optimizer",
+        "schedulers and optimizers of different counts",
+        "accumulate=0",
+        "save_every=0",
+        "a step hook",
+    ],
+)
 def test_inconsistent_settings_are_refused_when_built(case: str, tmp_path: Path) -> None:
     model, _ = _task()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -32,19 +32,28 @@ class _Count(TorchDispatchMode):
 
 
 def _optimizer(form: str, params) -> torch.optim.Optimizer:  # noqa: ANN001
-    return {"AdamW fused": lambda: torch.optim.AdamW(params, lr=3e-4, fused=True),
-            "AdamW foreach": lambda: torch.optim.AdamW(params, lr=3e-4, foreach=True),
-            "SGD default": lambda: torch.optim.SGD(params, lr=0.05, momentum=0.9)}[form]()
+    return {
+        "AdamW fused": lambda: torch.optim.AdamW(params, lr=3e-4, fused=True),
+        "AdamW foreach": lambda: torch.optim.AdamW(params, lr=3e-4, foreach=True),
+        "SGD default": lambda: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+    }[form]()
 
 
-@pytest.mark.parametrize(("form", "most"), [("AdamW fused", 60), ("AdamW foreach", 70), ("SGD default", 70)])
+@pytest.mark.parametrize(
+    ("form", "most"), [("AdamW fused", 60), ("AdamW foreach", 70), ("SGD default", 70)]
+)
 def test_the_stabilized_update_adds_a_fixed_number_of_operators(form: str, most: int):
     torch.manual_seed(0)
     model = GPT(gpt_config("tiny"))
     x, y = synthetic_batch(model.config, 4, 32)
     opt = _optimizer(form, model.parameters())
-    stabilizer = TrainingStabilizer(model, opt, cosine_annealing_schedule(opt, total_steps=1000, warmup_steps=10),
-                                    max_grad_norm=1.0, check_every=100)
+    stabilizer = TrainingStabilizer(
+        model,
+        opt,
+        cosine_annealing_schedule(opt, total_steps=1000, warmup_steps=10),
+        max_grad_norm=1.0,
+        check_every=100,
+    )
     for _ in range(30):  # past min_history: the scores run
         stabilizer.step(lambda: model(x, targets=y))
     model(x, targets=y).backward()

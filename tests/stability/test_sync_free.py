@@ -11,12 +11,12 @@ import math
 
 import pytest
 import torch
-
 from optimizer_configs import HELD, ids
-from trainopt.stability.clipping import AdaptiveGradientClipper, ZScoreClipper
+
 from trainopt.models import GPT, digits_mlp, gpt_config, synthetic_batch
 from trainopt.perf.bench.stability import bare_step, per_parameter_sync_step
 from trainopt.schedules.adapters import cosine_annealing_schedule
+from trainopt.stability.clipping import AdaptiveGradientClipper, ZScoreClipper
 from trainopt.stability.schedule_window import UnsupportedScheduleError
 from trainopt.stability.stabilizer import TrainingStabilizer
 from trainopt.stability.syncs import HostSyncCounter
@@ -58,10 +58,15 @@ def test_fifty_steady_state_steps_of_each_configuration_make_no_host_sync(config
         opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    sched = cosine_annealing_schedule(opt, total_steps=200, warmup_steps=10) if config.get("scheduler") else None
+    sched = (
+        cosine_annealing_schedule(opt, total_steps=200, warmup_steps=10)
+        if config.get("scheduler")
+        else None
+    )
     clipper = config["clipper"]() if "clipper" in config else None
-    stabilizer = TrainingStabilizer(model, opt, sched, dtype=config.get("dtype"), clipper=clipper,
-                                    check_every=CHECK_EVERY)
+    stabilizer = TrainingStabilizer(
+        model, opt, sched, dtype=config.get("dtype"), clipper=clipper, check_every=CHECK_EVERY
+    )
     for _ in range(10):
         stabilizer.step(compute_loss)
     with HostSyncCounter() as counter:
@@ -119,7 +124,11 @@ SCHEDULES = {
     "no scheduler": None,
     "cosine LambdaLR": lambda opt: cosine_annealing_schedule(opt, total_steps=40, warmup_steps=4),
     "OneCycleLR (cycles momentum)": lambda opt: torch.optim.lr_scheduler.OneCycleLR(
-        opt, max_lr=0.02, total_steps=40, cycle_momentum="momentum" in opt.defaults or "betas" in opt.defaults),
+        opt,
+        max_lr=0.02,
+        total_steps=40,
+        cycle_momentum="momentum" in opt.defaults or "betas" in opt.defaults,
+    ),
 }
 
 
@@ -171,7 +180,9 @@ def test_the_stabilizer_adds_no_host_sync_to_any_optimizer_it_accepts(config, sc
 # to keep them on the device (Adagrad's fused kernel is CPU-only); Adafactor's own step reads its
 # norms with .item(). The stabilizer refuses them there, saying so.
 REFUSED_ON_CUDA = ("Adagrad", "Adafactor")
-BARE = list({c.variant: c for c in HELD}.values())  # each class and setting once, as the user builds it
+BARE = list(
+    {c.variant: c for c in HELD}.values()
+)  # each class and setting once, as the user builds it
 
 
 @pytest.mark.cuda

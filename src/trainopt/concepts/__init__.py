@@ -25,7 +25,18 @@ from trainopt.concepts.rules import (
 from trainopt.concepts.training import train_digits_adam
 
 __all__ = [
-    "AdamState", "RMSPropState", "SGDState", "adam_step_size_factor", "adam_update", "adamw_update",
-    "clip_by_global_norm", "next_loss_scale", "rmsprop_update", "scale_loss", "sgd_update",
-    "train_digits_adam", "unscale_gradients", "warmup_cosine_lr",
+    "AdamState",
+    "RMSPropState",
+    "SGDState",
+    "adam_step_size_factor",
+    "adam_update",
+    "adamw_update",
+    "clip_by_global_norm",
+    "next_loss_scale",
+    "rmsprop_update",
+    "scale_loss",
+    "sgd_update",
+    "train_digits_adam",
+    "unscale_gradients",
+    "warmup_cosine_lr",
 ]

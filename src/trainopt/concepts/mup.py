@@ -58,9 +58,17 @@ class MuAttention(CausalSelfAttention):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, width = x.shape
         q, k, v = self.qkv(x).split(width, dim=2)
-        q, k, v = (t.view(batch, seq, self.n_head, width // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        q, k, v = (
+            t.view(batch, seq, self.n_head, width // self.n_head).transpose(1, 2) for t in (q, k, v)
+        )
+        y = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            is_causal=True,
+            scale=self.scale,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
         return self.proj(y.transpose(1, 2).contiguous().view(batch, seq, width))
 
 
@@ -111,14 +119,16 @@ def mup_gpt(config: GPTConfig, base_width: int) -> GPT:
         (0.5, 0.25)
     """
     if base_width <= 0 or base_width % config.n_head:
-        raise ValueError(f"base_width must be a positive multiple of n_head={config.n_head}, got {base_width}")
+        raise ValueError(
+            f"base_width must be a positive multiple of n_head={config.n_head}, got {base_width}"
+        )
     model = GPT(config)
     m = config.n_embd / base_width
     d_head, d0 = config.n_embd // config.n_head, base_width // config.n_head
     with torch.no_grad():
         for name, param in model.named_parameters():
             if _is_hidden(name, param):
-                param.mul_(m ** -0.5)
+                param.mul_(m**-0.5)
     for block in model.blocks:
         attn = MuAttention(config, scale=math.sqrt(d0) / d_head)
         attn.load_state_dict(block.attn.state_dict())
@@ -127,8 +137,9 @@ def mup_gpt(config: GPTConfig, base_width: int) -> GPT:
     return model
 
 
-def mup_param_groups(model: nn.Module, lr: float, width: int, base_width: int,
-                     weight_decay: float = 0.0) -> list[dict[str, Any]]:
+def mup_param_groups(
+    model: nn.Module, lr: float, width: int, base_width: int, weight_decay: float = 0.0
+) -> list[dict[str, Any]]:
     """Adam(W) parameter groups for μP: hidden weights at ``lr · base_width / width``, the rest at ``lr``.
 
     Example:
@@ -142,5 +153,7 @@ def mup_param_groups(model: nn.Module, lr: float, width: int, base_width: int,
     hidden, vector = [], []
     for name, param in model.named_parameters():
         (hidden if _is_hidden(name, param) else vector).append(param)
-    return [dict(name="hidden", params=hidden, lr=lr * base_width / width, weight_decay=weight_decay),
-            dict(name="vector-like", params=vector, lr=lr, weight_decay=weight_decay)]
+    return [
+        dict(name="hidden", params=hidden, lr=lr * base_width / width, weight_decay=weight_decay),
+        dict(name="vector-like", params=vector, lr=lr, weight_decay=weight_decay),
+    ]

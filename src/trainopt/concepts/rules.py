@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
 from trainopt.validation import check_int
 
 # ---------------------------------------------------------------------------------------------
@@ -43,8 +44,15 @@ class SGDState:
 
 
 def sgd_update(
-    param: Tensor, grad: Tensor, state: SGDState, *, lr: float, momentum: float = 0.0,
-    dampening: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
+    param: Tensor,
+    grad: Tensor,
+    state: SGDState,
+    *,
+    lr: float,
+    momentum: float = 0.0,
+    dampening: float = 0.0,
+    nesterov: bool = False,
+    weight_decay: float = 0.0,
 ) -> tuple[Tensor, SGDState]:
     """One step of SGD as ``torch.optim.SGD`` defines it.
 
@@ -62,7 +70,9 @@ def sgd_update(
         (tensor([0.8000]), tensor([2.]))
     """
     if nesterov and (momentum <= 0 or dampening != 0):
-        raise ValueError(f"nesterov needs momentum > 0 and dampening == 0, got {momentum=}, {dampening=}")
+        raise ValueError(
+            f"nesterov needs momentum > 0 and dampening == 0, got {momentum=}, {dampening=}"
+        )
     if weight_decay:
         grad = grad + weight_decay * param
     buffer = state.momentum_buffer
@@ -94,15 +104,27 @@ class RMSPropState:
     momentum_buffer: Tensor | None = None
 
     @classmethod
-    def zeros_like(cls, param: Tensor, centered: bool = False, momentum: float = 0.0) -> RMSPropState:
+    def zeros_like(
+        cls, param: Tensor, centered: bool = False, momentum: float = 0.0
+    ) -> RMSPropState:
         """A fresh state: zeros, as torch starts."""
         zeros = torch.zeros_like(param)
-        return cls(zeros, zeros.clone() if centered else None, zeros.clone() if momentum > 0 else None)
+        return cls(
+            zeros, zeros.clone() if centered else None, zeros.clone() if momentum > 0 else None
+        )
 
 
 def rmsprop_update(
-    param: Tensor, grad: Tensor, state: RMSPropState, *, lr: float = 1e-2, alpha: float = 0.99,
-    eps: float = 1e-8, weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False,
+    param: Tensor,
+    grad: Tensor,
+    state: RMSPropState,
+    *,
+    lr: float = 1e-2,
+    alpha: float = 0.99,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    momentum: float = 0.0,
+    centered: bool = False,
 ) -> tuple[Tensor, RMSPropState]:
     """One step of RMSProp as ``torch.optim.RMSprop`` defines it.
 
@@ -168,8 +190,14 @@ class AdamState:
 
 
 def adam_update(
-    param: Tensor, grad: Tensor, state: AdamState, *, lr: float = 1e-3,
-    betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+    param: Tensor,
+    grad: Tensor,
+    state: AdamState,
+    *,
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
     bias_correction: bool = True,
 ) -> tuple[Tensor, AdamState]:
     """One step of Adam as ``torch.optim.Adam`` defines it (L2 weight decay added to the gradient).
@@ -206,8 +234,14 @@ def adam_update(
 
 
 def adamw_update(
-    param: Tensor, grad: Tensor, state: AdamState, *, lr: float = 1e-3,
-    betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
+    param: Tensor,
+    grad: Tensor,
+    state: AdamState,
+    *,
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 1e-2,
 ) -> tuple[Tensor, AdamState]:
     """One step of AdamW as ``torch.optim.AdamW`` defines it: decay the weights, then Adam.
 
@@ -230,7 +264,9 @@ def adamw_update(
     return adam_update(decayed, grad, state, lr=lr, betas=betas, eps=eps, weight_decay=0.0)
 
 
-def adam_step_size_factor(step: int | Tensor, betas: tuple[float, float] = (0.9, 0.999)) -> float | Tensor:
+def adam_step_size_factor(
+    step: int | Tensor, betas: tuple[float, float] = (0.9, 0.999)
+) -> float | Tensor:
     """How many times larger uncorrected Adam's step ``t`` is than corrected Adam's (constant gradient).
 
     With a constant gradient ``g``, ``m_t = (1-β1^t) g`` and ``v_t = (1-β2^t) g²``, so the
@@ -252,7 +288,9 @@ def adam_step_size_factor(step: int | Tensor, betas: tuple[float, float] = (0.9,
 # ---------------------------------------------------------------------------------------------
 
 
-def clip_by_global_norm(grads: list[Tensor], max_norm: float, eps: float = 1e-6) -> tuple[list[Tensor], Tensor]:
+def clip_by_global_norm(
+    grads: list[Tensor], max_norm: float, eps: float = 1e-6
+) -> tuple[list[Tensor], Tensor]:
     """Scale all gradients by one factor so that their joint L2 norm is at most ``max_norm``.
 
     .. math::
@@ -312,8 +350,13 @@ def unscale_gradients(grads: list[Tensor], scale: float | Tensor) -> tuple[list[
 
 
 def next_loss_scale(
-    scale: float, growth_tracker: int, found_inf: bool, *, growth_factor: float = 2.0,
-    backoff_factor: float = 0.5, growth_interval: int = 2000,
+    scale: float,
+    growth_tracker: int,
+    found_inf: bool,
+    *,
+    growth_factor: float = 2.0,
+    backoff_factor: float = 0.5,
+    growth_interval: int = 2000,
 ) -> tuple[float, int]:
     """The dynamic loss-scale rule of ``torch.amp.GradScaler.update``.
 
@@ -340,7 +383,9 @@ def next_loss_scale(
 # ---------------------------------------------------------------------------------------------
 
 
-def warmup_cosine_lr(step: int, *, max_lr: float, warmup_steps: int, total_steps: int, min_lr: float = 0.0) -> float:
+def warmup_cosine_lr(
+    step: int, *, max_lr: float, warmup_steps: int, total_steps: int, min_lr: float = 0.0
+) -> float:
     """Learning rate at ``step``: linear warm-up to ``max_lr``, cosine decay to ``min_lr``, then hold.
 
     .. math::
@@ -358,7 +403,9 @@ def warmup_cosine_lr(step: int, *, max_lr: float, warmup_steps: int, total_steps
     """
     check_int("warmup_steps", warmup_steps, 0)
     if not isinstance(total_steps, int) or total_steps <= warmup_steps:
-        raise ValueError(f"total_steps must be an int > warmup_steps, got {total_steps=}, {warmup_steps=}")
+        raise ValueError(
+            f"total_steps must be an int > warmup_steps, got {total_steps=}, {warmup_steps=}"
+        )
     if step < warmup_steps:
         return max_lr * step / warmup_steps
     progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))

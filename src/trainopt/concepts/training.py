@@ -18,8 +18,13 @@ __all__ = ["train_digits_adam"]
 
 
 def train_digits_adam(
-    lr: float, warmup_steps: int = 0, steps: int = 50, total_steps: int = 200, depth: int = 6,
-    batch_size: int = 64, seed: int = 0,
+    lr: float,
+    warmup_steps: int = 0,
+    steps: int = 50,
+    total_steps: int = 200,
+    depth: int = 6,
+    batch_size: int = 64,
+    seed: int = 0,
 ) -> list[float]:
     """Train the digits MLP with ``torch.optim.Adam`` for ``steps`` steps; return each step's loss.
 
@@ -41,8 +46,15 @@ def train_digits_adam(
         torch.set_num_threads(threads)
 
 
-def _train_digits_adam(lr: float, warmup_steps: int, steps: int, total_steps: int, depth: int,
-                       batch_size: int, seed: int) -> list[float]:
+def _train_digits_adam(
+    lr: float,
+    warmup_steps: int,
+    steps: int,
+    total_steps: int,
+    depth: int,
+    batch_size: int,
+    seed: int,
+) -> list[float]:
     x, y, _, _ = digits_data()
     model = digits_mlp(depth=depth, seed=seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -50,8 +62,9 @@ def _train_digits_adam(lr: float, warmup_steps: int, steps: int, total_steps: in
     losses = []
     for step in range(steps):
         for group in optimizer.param_groups:
-            group["lr"] = warmup_cosine_lr(step, max_lr=lr, warmup_steps=warmup_steps,
-                                           total_steps=total_steps)
+            group["lr"] = warmup_cosine_lr(
+                step, max_lr=lr, warmup_steps=warmup_steps, total_steps=total_steps
+            )
         idx = torch.randint(0, len(x), (batch_size,), generator=generator)
         loss = F.cross_entropy(model(x[idx]), y[idx])
         optimizer.zero_grad()

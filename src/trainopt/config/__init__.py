@@ -22,6 +22,11 @@ from trainopt.config.training import (
 )
 
 __all__ = [
-    "Config", "ConfigError", "OptimizerConfig", "SchedulerConfig", "build_optimizer", "load_config",
+    "Config",
+    "ConfigError",
+    "OptimizerConfig",
+    "SchedulerConfig",
+    "build_optimizer",
+    "load_config",
     "validate_config",
 ]

@@ -20,8 +20,15 @@ from typing import Any, NoReturn, TextIO
 from trainopt.config.errors import ConfigError
 
 __all__ = [
-    "ArgumentParser", "UsageError", "device", "error_line", "output_file", "output_folder", "plain_text",
-    "positive_int", "run_command",
+    "ArgumentParser",
+    "UsageError",
+    "device",
+    "error_line",
+    "output_file",
+    "output_folder",
+    "plain_text",
+    "positive_int",
+    "run_command",
 ]
 
 
@@ -148,15 +155,21 @@ def output_folder(text: str) -> Path:
     """
     path = Path(text)
     if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{path} is a file; give a folder (it is created if missing)")
+        raise argparse.ArgumentTypeError(
+            f"{path} is a file; give a folder (it is created if missing)"
+        )
     _nothing_in_the_way(path)
     return path
 
 
 def _nothing_in_the_way(path: Path) -> None:
-    blocked = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
+    blocked = next(
+        (parent for parent in path.parents if parent.exists() and not parent.is_dir()), None
+    )
     if blocked is not None:
-        raise argparse.ArgumentTypeError(f"{blocked} is a file, so {path} cannot be written below it")
+        raise argparse.ArgumentTypeError(
+            f"{blocked} is a file, so {path} cannot be written below it"
+        )
 
 
 def device(text: str) -> str:
@@ -187,9 +200,13 @@ def device(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r} is not supported; {allowed}")
     count = torch.cuda.device_count()
     if count == 0:
-        raise argparse.ArgumentTypeError(f"{text} is not available: this machine has no CUDA device; give cpu")
+        raise argparse.ArgumentTypeError(
+            f"{text} is not available: this machine has no CUDA device; give cpu"
+        )
     if parsed.index is not None and parsed.index >= count:
-        raise argparse.ArgumentTypeError(f"{text} is not a device here: this machine has {count} CUDA device(s)")
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a device here: this machine has {count} CUDA device(s)"
+        )
     return str(parsed)
 
 
@@ -243,8 +260,12 @@ USER_ERRORS = (UsageError, ConfigError, FileNotFoundError, IsADirectoryError, Pe
 """The errors :func:`run_command` reports as a user's mistake; anything else is a bug."""
 
 
-def run_command(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None,
-                *, stderr: TextIO | None = None) -> int:
+def run_command(
+    main: Callable[[Sequence[str] | None], int | None],
+    argv: Sequence[str] | None = None,
+    *,
+    stderr: TextIO | None = None,
+) -> int:
     """Run a command's ``main(argv)``; return its exit status, 2 for a user's mistake.
 
     The status is what ``main`` returns if that is an int, else 0.

@@ -51,16 +51,20 @@ class OptimizerKind:
 
 _SGD = ("lr", "weight_decay", "momentum", "nesterov")
 _ADAM = ("lr", "weight_decay", "betas", "eps")
-OPTIMIZERS: dict[str, OptimizerKind] = {kind.name: kind for kind in (
-    OptimizerKind("sgd", torch.optim.SGD, _SGD, 0),
-    OptimizerKind("sgd_momentum", torch.optim.SGD, _SGD, 4, {"momentum": 0.9}),
-    OptimizerKind("adam", torch.optim.Adam, _ADAM, 8),
-    OptimizerKind("adamw", torch.optim.AdamW, _ADAM, 8),
-)}
+OPTIMIZERS: dict[str, OptimizerKind] = {
+    kind.name: kind
+    for kind in (
+        OptimizerKind("sgd", torch.optim.SGD, _SGD, 0),
+        OptimizerKind("sgd_momentum", torch.optim.SGD, _SGD, 4, {"momentum": 0.9}),
+        OptimizerKind("adam", torch.optim.Adam, _ADAM, 8),
+        OptimizerKind("adamw", torch.optim.AdamW, _ADAM, 8),
+    )
+}
 
 
-def optimizer_kind(name: str, field_name: str = "optimizer",
-                   allowed: Iterable[str] | None = None) -> OptimizerKind:
+def optimizer_kind(
+    name: str, field_name: str = "optimizer", allowed: Iterable[str] | None = None
+) -> OptimizerKind:
     """The entry of ``name``, refusing any other name with an error that names the field.
 
     Example:

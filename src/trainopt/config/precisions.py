@@ -15,7 +15,10 @@ __all__ = ["ALIASES", "AUTOCAST_DTYPES", "PRECISIONS", "autocast_dtype"]
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
 
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
-    "fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.float16,
+    "fp32": None,
+    "tf32": None,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
 }
 """Autocast's dtype for each precision (``None``: no autocast, fp32 activations)."""
 
@@ -23,8 +26,9 @@ ALIASES: dict[str, str] = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp
 """torch's spelling of a precision, and the name it stands for."""
 
 
-def autocast_dtype(name: str, field: str = "precision",
-                   allowed: tuple[str, ...] = PRECISIONS) -> torch.dtype | None:
+def autocast_dtype(
+    name: str, field: str = "precision", allowed: tuple[str, ...] = PRECISIONS
+) -> torch.dtype | None:
     """Autocast's dtype for the precision ``name`` (an alias too), refusing any other name.
 
     Args:
@@ -49,6 +53,9 @@ def autocast_dtype(name: str, field: str = "precision",
     canonical = ALIASES.get(name, name) if isinstance(name, str) else name
     if canonical not in allowed:
         spelled = ", ".join(k for k, v in ALIASES.items() if v in allowed)
-        raise ValueError(f"{field} must be one of {list(allowed)}"
-                         + (f" (or {spelled})" if spelled else "") + f", got {name!r}")
+        raise ValueError(
+            f"{field} must be one of {list(allowed)}"
+            + (f" (or {spelled})" if spelled else "")
+            + f", got {name!r}"
+        )
     return AUTOCAST_DTYPES[canonical]

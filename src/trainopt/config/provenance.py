@@ -19,8 +19,13 @@ __all__ = ["git_state"]
 
 def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -47,4 +52,7 @@ def _git_state_at_start() -> tuple[tuple[str, Any], ...]:
     commit = _git("rev-parse", "HEAD")
     if commit is None:
         return (("git_commit", os.environ.get("TRAINOPT_GIT_COMMIT") or None), ("git_dirty", None))
-    return (("git_commit", commit), ("git_dirty", bool(_git("status", "--porcelain", "--untracked-files=no"))))
+    return (
+        ("git_commit", commit),
+        ("git_dirty", bool(_git("status", "--porcelain", "--untracked-files=no"))),
+    )

@@ -106,11 +106,15 @@ class Config:
 
 def _section(data: Any, path: str, required: Iterable[str], allowed: Iterable[str]) -> dict:
     if not isinstance(data, Mapping):
-        raise ConfigError(path or "<file>", f"must be a mapping, got {type(data).__name__} {data!r}")
+        raise ConfigError(
+            path or "<file>", f"must be a mapping, got {type(data).__name__} {data!r}"
+        )
     allowed = sorted(allowed)
     for key in required:
         if key not in data:
-            raise ConfigError(_join(path, key), f"missing required field (allowed fields: {allowed})")
+            raise ConfigError(
+                _join(path, key), f"missing required field (allowed fields: {allowed})"
+            )
     for key in data:
         if key not in allowed:
             raise ConfigError(_join(path, key), f"unknown field; allowed fields: {allowed}")
@@ -150,8 +154,12 @@ def _number_from_string(value: str, path: str) -> float:
         why = "a YAML 1.1 float with an exponent needs a dot and a signed exponent"
     else:
         why = "it was quoted"
-    warnings.warn(f"{path}: YAML read {value} as the string {value!r} ({why}); using "
-                  f"{float(value)!r}; write {spelling}", UserWarning, stacklevel=4)
+    warnings.warn(
+        f"{path}: YAML read {value} as the string {value!r} ({why}); using "
+        f"{float(value)!r}; write {spelling}",
+        UserWarning,
+        stacklevel=4,
+    )
     return float(value)
 
 
@@ -168,7 +176,12 @@ def _float(value: Any, path: str, low: float = 0.0, high: float = math.inf) -> f
 def _int(value: Any, path: str, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         hint = ""
-        if isinstance(value, float) and value.is_integer() or isinstance(value, str) and FLOAT_STRING.match(value):
+        if (
+            isinstance(value, float)
+            and value.is_integer()
+            or isinstance(value, str)
+            and FLOAT_STRING.match(value)
+        ):
             hint = f"; write it as a plain integer such as {int(float(value))}"
         raise ConfigError(path, f"must be an integer >= {minimum}, got {value!r}{hint}")
     if value < minimum:
@@ -184,7 +197,9 @@ def _choice(value: Any, path: str, allowed: Iterable[str]) -> str:
 
 
 def _optimizer(data: Any, path: str) -> OptimizerConfig:
-    raw = _section(data, path, ("type", "lr"), ("type", *{k for v in OPTIMIZER_SETTINGS.values() for k in v}))
+    raw = _section(
+        data, path, ("type", "lr"), ("type", *{k for v in OPTIMIZER_SETTINGS.values() for k in v})
+    )
     kind = _choice(raw.pop("type"), f"{path}.type", OPTIMIZER_SETTINGS)
     _section(raw, path, (), OPTIMIZER_SETTINGS[kind])  # settings of another optimizer type
     lr = _float(raw.pop("lr"), f"{path}.lr")
@@ -206,8 +221,11 @@ def _optimizer(data: Any, path: str) -> OptimizerConfig:
         else:
             settings[key] = _float(value, where)
     if settings.get("nesterov") and not settings.get("momentum"):
-        raise ConfigError(f"{path}.nesterov", "needs a momentum above 0: Nesterov momentum without momentum "
-                          f"is plain SGD (momentum={settings.get('momentum', 0.0)!r})")
+        raise ConfigError(
+            f"{path}.nesterov",
+            "needs a momentum above 0: Nesterov momentum without momentum "
+            f"is plain SGD (momentum={settings.get('momentum', 0.0)!r})",
+        )
     return OptimizerConfig(kind, lr, settings)
 
 
@@ -234,20 +252,31 @@ def _scheduler(data: Any, path: str, lr: float) -> SchedulerConfig:
     params: dict[str, Any] = {}
     for key, value in raw.items():
         where, default = f"{path}.{key}", spec[key].default
-        if key.endswith("steps") or key.endswith("_size") or isinstance(default, int) and not isinstance(default, bool):
+        if (
+            key.endswith("steps")
+            or key.endswith("_size")
+            or isinstance(default, int)
+            and not isinstance(default, bool)
+        ):
             params[key] = _int(value, where)
         elif isinstance(default, str):
             params[key] = value if isinstance(value, str) else str(value)
         else:
             params[key] = _float(value, where)
-    if "warmup_steps" in params and "total_steps" in params and params["warmup_steps"] >= params["total_steps"]:
+    if (
+        "warmup_steps" in params
+        and "total_steps" in params
+        and params["warmup_steps"] >= params["total_steps"]
+    ):
         raise ConfigError(
             f"{path}.warmup_steps",
             f"warm-up ({params['warmup_steps']} steps) must be shorter than the run "
             f"(total_steps={params['total_steps']})",
         )
     if params.get("min_lr", 0.0) > lr:
-        raise ConfigError(f"{path}.min_lr", f"must not exceed the optimizer lr ({lr}), got {params['min_lr']}")
+        raise ConfigError(
+            f"{path}.min_lr", f"must not exceed the optimizer lr ({lr}), got {params['min_lr']}"
+        )
     config = SchedulerConfig(kind, params)
     probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)
     try:  # the scheduler's own checks (allowed values, step relations) on a throwaway optimizer
@@ -279,7 +308,9 @@ def validate_config(data: Any) -> Config:
         training.scheduler.decay_steps: must be an integer >= 0, got -5
     """
     root = _section(data, "", ("training",), ("training",))
-    training = _section(root["training"], "training", ("optimizer", "scheduler"), ("optimizer", "scheduler"))
+    training = _section(
+        root["training"], "training", ("optimizer", "scheduler"), ("optimizer", "scheduler")
+    )
     optimizer = _optimizer(training["optimizer"], "training.optimizer")
     scheduler = _scheduler(training["scheduler"], "training.scheduler", optimizer.lr)
     return Config(optimizer, scheduler)
@@ -327,8 +358,12 @@ def build_optimizer(params: Any, config: Config | OptimizerConfig) -> torch.opti
     config = getattr(config, "optimizer", config)
     classes = {name: OPTIMIZERS[name].cls for name in OPTIMIZER_SETTINGS}
     if config.type not in classes:
-        raise ConfigError("training.optimizer.type", f"must be one of {list(classes)}, got {config.type!r}")
+        raise ConfigError(
+            "training.optimizer.type", f"must be one of {list(classes)}, got {config.type!r}"
+        )
     try:
         return classes[config.type](params, lr=config.lr, **config.settings)
     except (ValueError, TypeError) as exc:  # a config built by hand, not by validate_config
-        raise ConfigError("training.optimizer", f"torch.optim.{classes[config.type].__name__} refuses it: {exc}") from exc
+        raise ConfigError(
+            "training.optimizer", f"torch.optim.{classes[config.type].__name__} refuses it: {exc}"
+        ) from exc

@@ -58,5 +58,7 @@ def path(name: str) -> Path:
     """
     target = resources.files(__name__).joinpath(name)
     if not (target.is_file() or target.is_dir()):
-        raise FileNotFoundError(f"name: {name!r} is not shipped with trainopt; available: {names()}")
+        raise FileNotFoundError(
+            f"name: {name!r} is not shipped with trainopt; available: {names()}"
+        )
     return Path(str(target))

@@ -26,7 +26,14 @@ def _name(f: Finding) -> str:
 def _tie(f: Finding, root: Finding) -> Finding:
     cause, fix, see, _ = advice(f.symptom, after=_name(root))
     lead = "collapsed after" if f.symptom == "plateau" and "explosion" in root.symptom else "after"
-    return replace(f, evidence=f"{lead} the {_name(root)}: {f.evidence}", cause=cause, fix=fix, see=see, after=root.step)
+    return replace(
+        f,
+        evidence=f"{lead} the {_name(root)}: {f.evidence}",
+        cause=cause,
+        fix=fix,
+        see=see,
+        after=root.step,
+    )
 
 
 def _beside(f: Finding, root: Finding) -> Finding:
@@ -60,7 +67,10 @@ def root_cause_first(findings: list[Finding], nan_overflowed: bool = False) -> l
         False
     """
     by_symptom = SYMPTOMS.index
-    blow_ups = sorted((f for f in findings if f.symptom in BLOW_UPS), key=lambda f: (f.step, by_symptom(f.symptom)))
+    blow_ups = sorted(
+        (f for f in findings if f.symptom in BLOW_UPS),
+        key=lambda f: (f.step, by_symptom(f.symptom)),
+    )
     if not blow_ups:
         return sorted(findings, key=lambda f: by_symptom(f.symptom))
     root = blow_ups[0]
@@ -76,5 +86,9 @@ def root_cause_first(findings: list[Finding], nan_overflowed: bool = False) -> l
             tied.append(_tie(f, root))
         else:
             rest.append(_beside(f, root))
-    return (independent + sorted(roots, key=lambda f: (f.step, by_symptom(f.symptom)))
-            + sorted(tied, key=lambda f: by_symptom(f.symptom)) + sorted(rest, key=lambda f: by_symptom(f.symptom)))
+    return (
+        independent
+        + sorted(roots, key=lambda f: (f.step, by_symptom(f.symptom)))
+        + sorted(tied, key=lambda f: by_symptom(f.symptom))
+        + sorted(rest, key=lambda f: by_symptom(f.symptom))
+    )

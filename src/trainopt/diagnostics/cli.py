@@ -25,14 +25,28 @@ def build_parser() -> ArgumentParser:
         >>> build_parser().parse_args(["trainer_state.json", "--classes", "10"]).classes
         10
     """
-    parser = ArgumentParser(prog="python -m trainopt.diagnostics", description=__doc__.splitlines()[0])
-    parser.add_argument("path", metavar="PATH", help="a trainer_state.json, Trainer output folder, TensorBoard "
-                                                     "event file or folder, or a .csv or .jsonl log")
+    parser = ArgumentParser(
+        prog="python -m trainopt.diagnostics", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "path",
+        metavar="PATH",
+        help="a trainer_state.json, Trainer output folder, TensorBoard "
+        "event file or folder, or a .csv or .jsonl log",
+    )
     start = parser.add_mutually_exclusive_group()
-    start.add_argument("--classes", type=positive_int, default=None,
-                       help="classes of a cross-entropy loss: a fresh model starts near log(classes)")
-    start.add_argument("--initial-loss", type=float, default=None,
-                       help="the loss a fresh model should start at, for any other loss")
+    start.add_argument(
+        "--classes",
+        type=positive_int,
+        default=None,
+        help="classes of a cross-entropy loss: a fresh model starts near log(classes)",
+    )
+    start.add_argument(
+        "--initial-loss",
+        type=float,
+        default=None,
+        help="the loss a fresh model should start at, for any other loss",
+    )
     return parser
 
 
@@ -63,7 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = read_log(args.path)
     columns = [c for c in ("loss", "grad_norm", "lr") if any(c in r for r in records)]
     steps = f"steps {records[0]['step']}-{records[-1]['step']}" if records else "no steps"
-    print(f"{args.path}: {log_format(args.path)} log, {len(records)} records ({steps}; {', '.join(columns)})")
+    print(
+        f"{args.path}: {log_format(args.path)} log, {len(records)} records ({steps}; {', '.join(columns)})"
+    )
     findings = diagnose(records, classes=args.classes, initial_loss=args.initial_loss)
     for finding in findings:
         print(finding)

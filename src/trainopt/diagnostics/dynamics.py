@@ -16,8 +16,11 @@ from trainopt.diagnostics.robust import noise, rolling_median
 
 
 def loss_dynamics(
-    loss: np.ndarray, steps: np.ndarray, opts: dict[str, float],
-    start: float | None = None, best_before: float | None = None,
+    loss: np.ndarray,
+    steps: np.ndarray,
+    opts: dict[str, float],
+    start: float | None = None,
+    best_before: float | None = None,
 ) -> list[Finding]:
     """Diverging, oscillating, plateau or slow convergence, judged on the loss of (part of) a run.
 
@@ -51,19 +54,36 @@ def loss_dynamics(
 
     lowest = int(np.argmin(levels))
     rise = float(levels[-1] - levels[lowest])
-    if (lowest < len(levels) - 2 and rise > max(6 * level_noise, opts["diverge_fraction"] * scale)
-            and min(levels[-2:]) > levels[lowest] + 0.5 * rise):
+    if (
+        lowest < len(levels) - 2
+        and rise > max(6 * level_noise, opts["diverge_fraction"] * scale)
+        and min(levels[-2:]) > levels[lowest] + 0.5 * rise
+    ):
         climb = steps[min(n - 1, lowest * window + window)]
-        return [finding("diverging", climb, (
-            f"loss fell to a median of {levels[lowest]:.4g}, then rose to {levels[-1]:.4g} "
-            f"from step {climb} (it started at {start:.4g})"))]  # its tail says nothing about oscillation
+        return [
+            finding(
+                "diverging",
+                climb,
+                (
+                    f"loss fell to a median of {levels[lowest]:.4g}, then rose to {levels[-1]:.4g} "
+                    f"from step {climb} (it started at {start:.4g})"
+                ),
+            )
+        ]  # its tail says nothing about oscillation
 
     second = loss[n // 2 :]
     spread = float(np.subtract(*np.percentile(second - rolling_median(second, 9), [75, 25])))
     if spread > opts["oscillation_fraction"] * scale:
-        findings.append(finding("oscillating", steps[n // 2], (
-            f"in the second half the loss swings by {spread:.3g} around its running median "
-            f"(interquartile range), {spread / scale:.0%} of the loss scale {scale:.3g}")))
+        findings.append(
+            finding(
+                "oscillating",
+                steps[n // 2],
+                (
+                    f"in the second half the loss swings by {spread:.3g} around its running median "
+                    f"(interquartile range), {spread / scale:.0%} of the loss scale {scale:.3g}"
+                ),
+            )
+        )
 
     # A healthy run decelerates: most of its progress comes in the first half. Judging progress
     # by the starting loss alone would flag healthy runs whose loss is negative or has a high floor.
@@ -77,19 +97,47 @@ def loss_dynamics(
             return findings
         if flat:
             change = f"{progress:.1%} lower" if progress >= 0 else f"{-progress:.1%} higher"
-            return findings + [finding("plateau", steps[n // 2], (
-                f"loss went from {start:.4g} to {levels[-1]:.4g} ({change}) and did not "
-                f"move beyond its noise ({level_noise:.2g}) over the second half"))]
-        return findings + [finding("slow_convergence", steps[0], (
-            f"loss is still falling steadily ({middle:.4g} to {levels[-1]:.4g} over the second half) "
-            f"but the whole run lowered it by only {progress:.1%}"))]
+            return findings + [
+                finding(
+                    "plateau",
+                    steps[n // 2],
+                    (
+                        f"loss went from {start:.4g} to {levels[-1]:.4g} ({change}) and did not "
+                        f"move beyond its noise ({level_noise:.2g}) over the second half"
+                    ),
+                )
+            ]
+        return findings + [
+            finding(
+                "slow_convergence",
+                steps[0],
+                (
+                    f"loss is still falling steadily ({middle:.4g} to {levels[-1]:.4g} over the second half) "
+                    f"but the whole run lowered it by only {progress:.1%}"
+                ),
+            )
+        ]
 
     # After an explosion, a deceleration proves nothing: the run may have settled at a worse level.
     above = float(levels[-1]) - best_before
     if progress >= opts["min_progress"] and above <= opts["diverge_fraction"] * abs(start):
         return findings
-    where = (f"the loss ends at a median {levels[-1]:.4g}, against {start:.4g} at the start and "
-             f"{best_before:.4g} at its best before the explosion")
+    where = (
+        f"the loss ends at a median {levels[-1]:.4g}, against {start:.4g} at the start and "
+        f"{best_before:.4g} at its best before the explosion"
+    )
     if flat:
-        return findings + [finding("plateau", steps[0], f"{where}; it has not moved beyond its noise since step {steps[n // 2]}")]
-    return findings + [finding("slow_convergence", steps[0], f"{where}; it is still falling ({middle:.4g} to {levels[-1]:.4g} over the second half)")]
+        return findings + [
+            finding(
+                "plateau",
+                steps[0],
+                f"{where}; it has not moved beyond its noise since step {steps[n // 2]}",
+            )
+        ]
+    return findings + [
+        finding(
+            "slow_convergence",
+            steps[0],
+            f"{where}; it is still falling ({middle:.4g} to {levels[-1]:.4g} over the second half)",
+        )
+    ]

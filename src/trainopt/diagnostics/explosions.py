@@ -53,12 +53,20 @@ def _recovery(loss: np.ndarray, after: int, threshold: float) -> int | None:
 def _describe(kind: str, expected: float, classes: int | None) -> str:
     if kind == "classes":
         return f"log({classes}) = {expected:.3g}, the loss of a uniform guess"
-    return f"the expected initial loss {expected:.3g}" if kind == "given" else f"its first value {expected:.3g}"
+    return (
+        f"the expected initial loss {expected:.3g}"
+        if kind == "given"
+        else f"its first value {expected:.3g}"
+    )
 
 
 def loss_explosion(
-    loss: np.ndarray, steps: np.ndarray, opts: dict[str, float], expected: float | None = None,
-    classes: int | None = None, given: bool = False,
+    loss: np.ndarray,
+    steps: np.ndarray,
+    opts: dict[str, float],
+    expected: float | None = None,
+    classes: int | None = None,
+    given: bool = False,
 ) -> tuple[Finding | None, Episode | None]:
     """The first explosion of the loss, judged against its expected start and its recent median.
 
@@ -92,7 +100,9 @@ def loss_explosion(
     reference = float(loss[0]) if expected is None else float(expected)
     scale = max(abs(reference), 10 * noise(loss), 1e-12)
     absolute = reference + ratio * scale
-    crossed = [t for t in range(1, n) if loss[t] > absolute and np.median(loss[t : t + 3]) > absolute]
+    crossed = [
+        t for t in range(1, n) if loss[t] > absolute and np.median(loss[t : t + 3]) > absolute
+    ]
 
     # Against the recent median: an explosion damages the weights, so the loss stays up for a window
     # of steps. A one-step spike that the next steps undo is a bad batch (see the gradient), not this;
@@ -104,8 +114,15 @@ def loss_explosion(
         before = np.median(loss[t - window : t])
         return bool(np.median(loss[t : t + length]) > before + max(ratio * abs(before), least))
 
-    sustained = [t for t in spikes(loss, window, opts["spike_sigmas"], ratio)
-                 if t + window <= n and stays_up(t, 5) and stays_up(t, window)] if n >= 20 else []
+    sustained = (
+        [
+            t
+            for t in spikes(loss, window, opts["spike_sigmas"], ratio)
+            if t + window <= n and stays_up(t, 5) and stays_up(t, window)
+        ]
+        if n >= 20
+        else []
+    )
     if not crossed and not sustained:
         return None, None
     if crossed and (not sustained or crossed[0] <= sustained[0]):
@@ -113,14 +130,18 @@ def loss_explosion(
         start = onset(loss, t, floor=reference)  # the climb starts where the loss passes its start
         best = float(np.min(rolling_median(loss[:start], 3)))
         threshold = absolute
-        evidence = (f"the loss rose from {loss[start - 1]:.3g} at step {steps[start - 1]} to {loss[t]:.4g} at step "
-                    f"{steps[t]}, over {1 + ratio:g}x {_describe(kind, reference, classes)}")
+        evidence = (
+            f"the loss rose from {loss[start - 1]:.3g} at step {steps[start - 1]} to {loss[t]:.4g} at step "
+            f"{steps[t]}, over {1 + ratio:g}x {_describe(kind, reference, classes)}"
+        )
     else:
         t = start = sustained[0]
         best = float(np.median(loss[t - window : t]))
         threshold = best + max(ratio * abs(best), least)
-        evidence = (f"the loss jumped from a median of {best:.4g} to {loss[t]:.4g} at step {steps[t]} "
-                    f"and stayed at a median {np.median(loss[t : t + window]):.4g} over the next {window} steps")
+        evidence = (
+            f"the loss jumped from a median of {best:.4g} to {loss[t]:.4g} at step {steps[t]} "
+            f"and stayed at a median {np.median(loss[t : t + window]):.4g} over the next {window} steps"
+        )
     peak = t + int(np.argmax(loss[t:]))
     recovered = _recovery(loss, peak, threshold)
     evidence += f"; it peaked at {loss[peak]:.3g} at step {steps[peak]}"
@@ -129,10 +150,14 @@ def loss_explosion(
     else:
         evidence += f" and is back under {threshold:.3g} from step {steps[recovered]}"
     early = steps[start] < opts["early_steps"]
-    return finding("loss_explosion", steps[start], evidence, early=early), Episode(start, threshold, best, recovered)
+    return finding("loss_explosion", steps[start], evidence, early=early), Episode(
+        start, threshold, best, recovered
+    )
 
 
-def gradient_explosion(grad: np.ndarray, steps: np.ndarray, opts: dict[str, float]) -> Finding | None:
+def gradient_explosion(
+    grad: np.ndarray, steps: np.ndarray, opts: dict[str, float]
+) -> Finding | None:
     """Steps whose gradient norm is ``grad_spike_ratio`` times its median so far, from step 1 on.
 
     In the first window of steps the median of all the steps before is the reference (the
@@ -151,31 +176,52 @@ def gradient_explosion(grad: np.ndarray, steps: np.ndarray, opts: dict[str, floa
     n = len(grad)
     ratio = opts["grad_spike_ratio"]
     window = max(5, n // 20)
-    early = [t for t in range(1, min(window, n)) if grad[t] > ratio * max(float(np.median(grad[:t])), 1e-12)]
+    early = [
+        t
+        for t in range(1, min(window, n))
+        if grad[t] > ratio * max(float(np.median(grad[:t])), 1e-12)
+    ]
     # Late in a run the gradients of a converged model are small, and one hard batch brings back
     # the norm of the early steps: 10x the recent median, but not 10x the run's usual scale.
-    late = [t for t in (spikes(grad, window, opts["spike_sigmas"], ratio - 1) if n >= 20 else [])
-            if grad[t] > ratio * float(np.median(grad[:t]))]
+    late = [
+        t
+        for t in (spikes(grad, window, opts["spike_sigmas"], ratio - 1) if n >= 20 else [])
+        if grad[t] > ratio * float(np.median(grad[:t]))
+    ]
     found = early + late
     if found:
         t = found[0]
         level = float(np.median(grad[:t] if t < window else grad[t - window : t]))
         start = onset(grad, t, floor=math.sqrt(ratio) * level) if t < window else t
-        return finding("gradient_explosion", steps[start], (
-            f"{len(found)} step(s) with a gradient norm over {ratio:.0f}x its median before; the first at "
-            f"step {steps[t]}: {grad[t]:.4g} against {level:.4g}; the largest {np.max(grad[t:]):.4g} at step "
-            f"{steps[t + int(np.argmax(grad[t:]))]}"), early=steps[start] < opts["early_steps"])
+        return finding(
+            "gradient_explosion",
+            steps[start],
+            (
+                f"{len(found)} step(s) with a gradient norm over {ratio:.0f}x its median before; the first at "
+                f"step {steps[t]}: {grad[t]:.4g} against {level:.4g}; the largest {np.max(grad[t:]):.4g} at step "
+                f"{steps[t + int(np.argmax(grad[t:]))]}"
+            ),
+            early=steps[start] < opts["early_steps"],
+        )
     if n < 20:
         return None
     first, last = float(np.median(grad[:window])), float(np.median(grad[-window:]))
     if last > ratio * max(first, 1e-12):
-        return finding("gradient_explosion", steps[n - window], (
-            f"the gradient norm grew from a median of {first:.4g} to {last:.4g}"))
+        return finding(
+            "gradient_explosion",
+            steps[n - window],
+            (f"the gradient norm grew from a median of {first:.4g} to {last:.4g}"),
+        )
     return None
 
 
-def overflowed(loss: np.ndarray | None, grad: np.ndarray | None, bad: int, opts: dict[str, float],
-               expected: float | None = None) -> bool:
+def overflowed(
+    loss: np.ndarray | None,
+    grad: np.ndarray | None,
+    bad: int,
+    opts: dict[str, float],
+    expected: float | None = None,
+) -> bool:
     """Whether the steps just before the first non-finite one were exploding (an overflow, not bad data).
 
     Example:
@@ -192,7 +238,9 @@ def overflowed(loss: np.ndarray | None, grad: np.ndarray | None, bad: int, opts:
     last = slice(max(1, bad - 3), bad)
     if loss is not None and np.isfinite(loss[:bad]).all():
         reference = float(loss[0]) if expected is None else expected
-        if np.median(loss[last]) > reference + opts["loss_spike_ratio"] * max(abs(reference), 1e-12):
+        if np.median(loss[last]) > reference + opts["loss_spike_ratio"] * max(
+            abs(reference), 1e-12
+        ):
             return True
     if grad is not None and np.isfinite(grad[:bad]).all():
         return bool(np.median(grad[last]) > opts["grad_spike_ratio"] * max(float(grad[0]), 1e-12))

@@ -12,16 +12,28 @@ from dataclasses import dataclass
 from trainopt.diagnostics.advice import advice
 
 SYMPTOMS = (
-    "nan_inf", "loss_explosion", "gradient_explosion", "diverging", "oscillating", "plateau",
-    "slow_convergence", "out_of_memory", "slow_training", "comm_overhead",
+    "nan_inf",
+    "loss_explosion",
+    "gradient_explosion",
+    "diverging",
+    "oscillating",
+    "plateau",
+    "slow_convergence",
+    "out_of_memory",
+    "slow_training",
+    "comm_overhead",
 )
 """Every symptom :func:`~trainopt.diagnostics.diagnose` can name, root causes first."""
 
 BLOW_UPS = frozenset({"loss_explosion", "gradient_explosion", "diverging", "oscillating"})
 """Symptoms of updates too large: the earliest of them is the root cause of what follows it."""
 
-NOUNS = {"loss_explosion": "loss explosion", "gradient_explosion": "gradient explosion",
-         "diverging": "divergence", "oscillating": "oscillation"}
+NOUNS = {
+    "loss_explosion": "loss explosion",
+    "gradient_explosion": "gradient explosion",
+    "diverging": "divergence",
+    "oscillating": "oscillation",
+}
 """How a blow-up is named when a later finding refers to it."""
 
 DYNAMICS = frozenset(SYMPTOMS[:7])

@@ -41,9 +41,15 @@ OPTIMIZERS = ("sgd", "adamw")
 
 HEALTHY = {"sgd": (0.05, 0.9), "adamw": (1e-3, None)}
 SETTINGS: dict[tuple[str, str], tuple[float, float | None]] = {
-    **{(cause, opt): HEALTHY[opt] for cause in ("healthy", "gradient_spike", "nan_sample") for opt in OPTIMIZERS},
-    ("lr_too_high", "sgd"): (2.0, 0.9), ("lr_too_high", "adamw"): (0.3, None),
-    ("lr_too_low", "sgd"): (1e-3, 0.9), ("lr_too_low", "adamw"): (3e-5, None),
+    **{
+        (cause, opt): HEALTHY[opt]
+        for cause in ("healthy", "gradient_spike", "nan_sample")
+        for opt in OPTIMIZERS
+    },
+    ("lr_too_high", "sgd"): (2.0, 0.9),
+    ("lr_too_high", "adamw"): (0.3, None),
+    ("lr_too_low", "sgd"): (1e-3, 0.9),
+    ("lr_too_low", "adamw"): (3e-5, None),
     ("high_momentum", "sgd"): (0.02, 0.99),
 }
 """``(cause, optimizer) -> (learning rate, SGD momentum)``: the combinations that are generated."""
@@ -56,8 +62,13 @@ def _fault_step(seed: int, steps: int) -> int:
 
 
 def generate_run(
-    cause: str = "healthy", optimizer: str = "sgd", hidden: int = 128, seed: int = 0, steps: int = 300,
-    batch_size: int = 64, schedule: Callable[[int], float] | None = None,
+    cause: str = "healthy",
+    optimizer: str = "sgd",
+    hidden: int = 128,
+    seed: int = 0,
+    steps: int = 300,
+    batch_size: int = 64,
+    schedule: Callable[[int], float] | None = None,
 ) -> list[dict[str, Any]]:
     """Train the digits MLP with a known ``cause`` of trouble; return one record per step.
 
@@ -90,7 +101,9 @@ def generate_run(
         (0.05, True)
     """
     if (cause, optimizer) not in SETTINGS:
-        raise ValueError(f"(cause, optimizer) must be one of {sorted(SETTINGS)}, got {(cause, optimizer)!r}")
+        raise ValueError(
+            f"(cause, optimizer) must be one of {sorted(SETTINGS)}, got {(cause, optimizer)!r}"
+        )
     check_int("steps", steps, 1)
     lr, momentum = SETTINGS[cause, optimizer]
     threads = torch.get_num_threads()
@@ -99,8 +112,11 @@ def generate_run(
         x, y, _, _ = digits_data(seed=seed)
         model = digits_mlp(hidden=hidden, seed=seed)
         params = list(model.parameters())
-        opt = (torch.optim.SGD(params, lr=lr, momentum=momentum) if optimizer == "sgd"
-               else torch.optim.AdamW(params, lr=lr))
+        opt = (
+            torch.optim.SGD(params, lr=lr, momentum=momentum)
+            if optimizer == "sgd"
+            else torch.optim.AdamW(params, lr=lr)
+        )
         scheduler = None if schedule is None else torch.optim.lr_scheduler.LambdaLR(opt, schedule)
         batches = torch.Generator().manual_seed(seed)
         fault = _fault_step(seed, steps)
@@ -108,7 +124,9 @@ def generate_run(
         for step in range(steps):
             idx = torch.randint(0, len(x), (batch_size,), generator=batches)
             xb, yb = x[idx], y[idx]
-            if cause == "gradient_spike" and step == fault:  # a corrupt shard: unnormalised, labels shifted
+            if (
+                cause == "gradient_spike" and step == fault
+            ):  # a corrupt shard: unnormalised, labels shifted
                 xb, yb = xb * 30.0, (yb + 1) % 10
             if cause == "nan_sample" and step == fault:
                 xb = xb.clone()
@@ -116,7 +134,9 @@ def generate_run(
             loss = F.cross_entropy(model(xb), yb)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            norms.append(torch.nn.utils.clip_grad_norm_(params, math.inf))  # the norm only: no clipping
+            norms.append(
+                torch.nn.utils.clip_grad_norm_(params, math.inf)
+            )  # the norm only: no clipping
             rates.append(opt.param_groups[0]["lr"])  # a Python float: no sync
             opt.step()
             if scheduler is not None:
@@ -126,4 +146,7 @@ def generate_run(
         torch.set_num_threads(threads)
     # Read on the host once, at the end: the loop itself makes no host-device sync.
     loss_values, norm_values = torch.stack(losses).tolist(), torch.stack(norms).tolist()
-    return [{"step": t, "loss": loss_values[t], "grad_norm": norm_values[t], "lr": rates[t]} for t in range(steps)]
+    return [
+        {"step": t, "loss": loss_values[t], "grad_norm": norm_values[t], "lr": rates[t]}
+        for t in range(steps)
+    ]

@@ -13,7 +13,9 @@ from trainopt.diagnostics.findings import Finding, finding
 from trainopt.diagnostics.records import column
 
 
-def memory_checks(records: list[dict[str, Any]], steps: np.ndarray, opts: dict[str, float]) -> list[Finding]:
+def memory_checks(
+    records: list[dict[str, Any]], steps: np.ndarray, opts: dict[str, float]
+) -> list[Finding]:
     """``out_of_memory`` when memory in use nears ``max_memory``; says whether it grows (a leak).
 
     Example:
@@ -35,14 +37,26 @@ def memory_checks(records: list[dict[str, Any]], steps: np.ndarray, opts: dict[s
         return []
     t = int(np.nanargmax(fraction >= opts["memory_fraction"]))
     growth = float(np.nanmedian(np.diff(used))) if len(used) > 1 else 0.0
-    trend = (f"; it grows by a median {growth / 2**20:.2f} MiB per step, a leak" if growth > 0
-             else "; it does not grow step to step")
-    return [finding("out_of_memory", steps[t], (
-        f"memory in use reached {np.nanmax(fraction):.0%} of the {np.nanmax(capacity) / 2**30:.2f} GiB "
-        f"available at step {steps[t]}{trend}"))]
+    trend = (
+        f"; it grows by a median {growth / 2**20:.2f} MiB per step, a leak"
+        if growth > 0
+        else "; it does not grow step to step"
+    )
+    return [
+        finding(
+            "out_of_memory",
+            steps[t],
+            (
+                f"memory in use reached {np.nanmax(fraction):.0%} of the {np.nanmax(capacity) / 2**30:.2f} GiB "
+                f"available at step {steps[t]}{trend}"
+            ),
+        )
+    ]
 
 
-def speed_checks(records: list[dict[str, Any]], steps: np.ndarray, opts: dict[str, float]) -> list[Finding]:
+def speed_checks(
+    records: list[dict[str, Any]], steps: np.ndarray, opts: dict[str, float]
+) -> list[Finding]:
     """``slow_training`` when the median step time rises mid-run; ``comm_overhead`` when communication dominates.
 
     Example:
@@ -61,7 +75,9 @@ def speed_checks(records: list[dict[str, Any]], steps: np.ndarray, opts: dict[st
         throughput = column(records, "tokens_per_s")
         step_time = 1.0 / throughput if throughput is not None else None
     if step_time is not None and len(step_time) >= 20:
-        skip = max(1, len(step_time) // 20)  # the first steps include warm-up (allocation, compilation)
+        skip = max(
+            1, len(step_time) // 20
+        )  # the first steps include warm-up (allocation, compilation)
         times, n = step_time[skip:], len(step_time) - skip
         best_ratio, best_split = 0.0, 0
         for split in range(max(5, n // 10), n - max(5, n // 10)):
@@ -70,13 +86,25 @@ def speed_checks(records: list[dict[str, Any]], steps: np.ndarray, opts: dict[st
                 best_ratio, best_split = float(ratio), split
         if best_ratio > opts["slowdown_ratio"]:
             at = skip + best_split
-            findings.append(finding("slow_training", steps[at], (
-                f"the median step time rose {best_ratio:.1f}x at step {steps[at]}: "
-                f"{np.nanmedian(times[:best_split]) * 1e3:.3g} ms before, {np.nanmedian(times[best_split:]) * 1e3:.3g} ms after")))
+            findings.append(
+                finding(
+                    "slow_training",
+                    steps[at],
+                    (
+                        f"the median step time rose {best_ratio:.1f}x at step {steps[at]}: "
+                        f"{np.nanmedian(times[:best_split]) * 1e3:.3g} ms before, {np.nanmedian(times[best_split:]) * 1e3:.3g} ms after"
+                    ),
+                )
+            )
     comm = column(records, "comm_time")
     if comm is not None and step_time is not None:
         share = float(np.nanmedian(comm / step_time))
         if share > opts["comm_fraction"]:
-            findings.append(finding("comm_overhead", steps[0], (
-                f"gradient communication takes a median {share:.0%} of each step")))
+            findings.append(
+                finding(
+                    "comm_overhead",
+                    steps[0],
+                    (f"gradient communication takes a median {share:.0%} of each step"),
+                )
+            )
     return findings

@@ -30,10 +30,16 @@ def rolling_median(x: np.ndarray, width: int) -> np.ndarray:
         [5.0, 2.0, 3.0, 2.5]
     """
     half, n = width // 2, len(x)
-    out = np.array([np.median(x[max(0, i - half) : i + half + 1]) if i < half or i >= n - half else np.nan
-                    for i in range(n)])
+    out = np.array(
+        [
+            np.median(x[max(0, i - half) : i + half + 1]) if i < half or i >= n - half else np.nan
+            for i in range(n)
+        ]
+    )
     if n > 2 * half:
-        out[half : n - half] = np.median(np.lib.stride_tricks.sliding_window_view(x, 2 * half + 1), axis=1)
+        out[half : n - half] = np.median(
+            np.lib.stride_tricks.sliding_window_view(x, 2 * half + 1), axis=1
+        )
     return out
 
 

@@ -32,9 +32,10 @@ The records :class:`trainopt.perf.throughput.ThroughputMonitor` writes are read 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -49,9 +50,16 @@ from trainopt.validation import check_int
 __all__ = ["DEFAULTS", "SYMPTOMS", "Finding", "diagnose", "expected_loss", "first_nonfinite"]
 
 DEFAULTS: dict[str, float] = {
-    "spike_sigmas": 10.0, "loss_spike_ratio": 1.0, "grad_spike_ratio": 10.0, "diverge_fraction": 0.2,
-    "oscillation_fraction": 0.05, "min_progress": 0.5, "memory_fraction": 0.9, "slowdown_ratio": 1.5,
-    "comm_fraction": 0.3, "early_steps": 20,
+    "spike_sigmas": 10.0,
+    "loss_spike_ratio": 1.0,
+    "grad_spike_ratio": 10.0,
+    "diverge_fraction": 0.2,
+    "oscillation_fraction": 0.05,
+    "min_progress": 0.5,
+    "memory_fraction": 0.9,
+    "slowdown_ratio": 1.5,
+    "comm_fraction": 0.3,
+    "early_steps": 20,
 }
 """The thresholds of :func:`diagnose`; each can be overridden by keyword."""
 
@@ -90,8 +98,11 @@ def expected_loss(classes: int | None, initial_loss: float | None) -> float | No
 
 
 def diagnose(
-    source: str | Path | Iterable[dict[str, Any]], *, classes: int | None = None,
-    initial_loss: float | None = None, **thresholds: float,
+    source: str | Path | Iterable[dict[str, Any]],
+    *,
+    classes: int | None = None,
+    initial_loss: float | None = None,
+    **thresholds: float,
 ) -> list[Finding]:
     """Name the likely symptoms of a run from its per-step metrics, root causes first.
 
@@ -138,7 +149,9 @@ def diagnose(
     opts = {**DEFAULTS, **thresholds}
     expected = expected_loss(classes, initial_loss)
     if isinstance(source, (str, Path)):
-        from trainopt.diagnostics.logs import read_log  # TensorBoard's reader only when a log needs it
+        from trainopt.diagnostics.logs import (
+            read_log,
+        )  # TensorBoard's reader only when a log needs it
 
         records = read_log(source)
     else:
@@ -146,7 +159,9 @@ def diagnose(
     if not records:
         return []
     step_col = column(records, "step")
-    steps = (np.arange(len(records)) if step_col is None or np.isnan(step_col).any() else step_col).astype(int)
+    steps = (
+        np.arange(len(records)) if step_col is None or np.isnan(step_col).any() else step_col
+    ).astype(int)
     findings: list[Finding] = []
     loss, grad = column(records, "loss"), column(records, "grad_norm")
     end = len(records)
@@ -154,23 +169,40 @@ def diagnose(
         bad = first_nonfinite(values) if values is not None else None
         if bad is not None and bad < end:
             end = bad
-            findings = [finding("nan_inf", steps[bad], f"{name} is {values[bad]} at step {steps[bad]}")]
+            findings = [
+                finding("nan_inf", steps[bad], f"{name} is {values[bad]} at step {steps[bad]}")
+            ]
     nan_overflowed = end < len(records) and overflowed(loss, grad, end, opts, expected)
     if nan_overflowed:
-        findings = [replace(findings[0], evidence=findings[0].evidence + "; the values before it were exploding: an overflow")]
+        findings = [
+            replace(
+                findings[0],
+                evidence=findings[0].evidence
+                + "; the values before it were exploding: an overflow",
+            )
+        ]
     if loss is not None:
-        explosion, episode = loss_explosion(loss[:end], steps[:end], opts, expected, classes, initial_loss is not None)
+        explosion, episode = loss_explosion(
+            loss[:end], steps[:end], opts, expected, classes, initial_loss is not None
+        )
         findings += [explosion] if explosion else []
         if episode is None:
             findings += loss_dynamics(loss[:end], steps[:end], opts)
         else:
             # A climb that began before the explosion is its root cause: the run was diverging.
-            findings += [f for f in loss_dynamics(loss[: episode.start], steps[: episode.start], opts)
-                         if f.symptom == "diverging"]
-        if episode is not None and episode.recovered is not None:  # judge what the run became once back
+            findings += [
+                f
+                for f in loss_dynamics(loss[: episode.start], steps[: episode.start], opts)
+                if f.symptom == "diverging"
+            ]
+        if (
+            episode is not None and episode.recovered is not None
+        ):  # judge what the run became once back
             r = episode.recovered
             start = float(loss[0]) if expected is None else expected
-            findings += loss_dynamics(loss[r:end], steps[r:end], opts, start=start, best_before=episode.best_before)
+            findings += loss_dynamics(
+                loss[r:end], steps[r:end], opts, start=start, best_before=episode.best_before
+            )
     if grad is not None:
         explosion = gradient_explosion(grad[:end], steps[:end], opts)
         findings += [explosion] if explosion else []

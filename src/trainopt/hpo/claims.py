@@ -100,14 +100,15 @@ def _check_budget(budget: Any, trials: int, retries: int) -> None:
     """Raise :class:`BudgetSpent` unless the study (``trials`` in all, ``retries`` of them
     queued again in place of a failed one) holds fewer than ``budget`` trials."""
     if budget is None or trials - retries >= budget:
-        raise BudgetSpent(f"the study holds its budget of {budget or 0} trials, and none is waiting")
+        raise BudgetSpent(
+            f"the study holds its budget of {budget or 0} trials, and none is waiting"
+        )
 
 
 def _count_in_memory(storage: BaseStorage, study_id: int) -> None:
     trials = storage.get_all_trials(study_id, deepcopy=False)
     budget = storage.get_study_system_attrs(study_id).get(BUDGET_ATTR)
     _check_budget(budget, len(trials), sum(RETRY_ATTR in t.system_attrs for t in trials))
-
 
 
 def set_budget(study: optuna.Study, n_trials: int) -> int:
@@ -157,7 +158,11 @@ def budget_trials(study: optuna.Study) -> list[FrozenTrial]:
     trials = study.get_trials(deepcopy=False)
     with warnings.catch_warnings():  # retry_history is experimental since Optuna 3.0
         warnings.simplefilter("ignore", ExperimentalWarning)
-        replaced = {number for trial in trials for number in RetryHeartbeatStaleTrialCallback.retry_history(trial)}
+        replaced = {
+            number
+            for trial in trials
+            for number in RetryHeartbeatStaleTrialCallback.retry_history(trial)
+        }
     return [trial for trial in trials if trial.number not in replaced]
 
 

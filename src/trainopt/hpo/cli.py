@@ -28,7 +28,13 @@ import sqlalchemy
 
 from trainopt.config.cli import ArgumentParser, UsageError, positive_int
 from trainopt.config.errors import ConfigError
-from trainopt.hpo.cluster import SIGTERM_STATUS, Terminated, leave_on_sigterm, resolve_device, worker_id
+from trainopt.hpo.cluster import (
+    SIGTERM_STATUS,
+    Terminated,
+    leave_on_sigterm,
+    resolve_device,
+    worker_id,
+)
 from trainopt.hpo.config import HPOConfig, load_hpo_config
 from trainopt.hpo.storage import open_storage
 from trainopt.hpo.study import best_trials_text, create_study, make_sampler
@@ -65,20 +71,39 @@ def build_parser() -> ArgumentParser:
         (8, 'journal:tune.log', False)
     """
     parser = ArgumentParser(prog="python -m trainopt.hpo", description=__doc__.split("\n")[0])
-    parser.add_argument("config", help="tuning config (YAML); `python -m trainopt.data hpo_digits.yaml` prints one")
-    parser.add_argument("--n-trials", type=positive_int, help="create the study, or top it up, to N trials in "
-                                                              "all; leave out to join an existing study as a worker")
-    parser.add_argument("--storage", help="sqlite:///study.db (default: <study-name>.db), "
-                                          "postgresql+psycopg2://..., or journal:study.log")
+    parser.add_argument(
+        "config", help="tuning config (YAML); `python -m trainopt.data hpo_digits.yaml` prints one"
+    )
+    parser.add_argument(
+        "--n-trials",
+        type=positive_int,
+        help="create the study, or top it up, to N trials in "
+        "all; leave out to join an existing study as a worker",
+    )
+    parser.add_argument(
+        "--storage",
+        help="sqlite:///study.db (default: <study-name>.db), "
+        "postgresql+psycopg2://..., or journal:study.log",
+    )
     parser.add_argument("--study-name", help="study name (default: study.name of the config)")
     parser.add_argument("--create-only", action="store_true", help="create the study, run no trial")
-    parser.add_argument("--plots", type=Path, help="directory for the PNG plots (default: <study-name>-plots)")
-    parser.add_argument("--no-plots", action="store_true", help="write no plots (e.g. in all workers but one)")
-    parser.add_argument("--device", help="cpu, cuda, cuda:N, or auto: cuda:<LOCAL_RANK> where CUDA is available, "
-                                         "else cpu. The digits example trains there (default: cuda if available); "
-                                         "for your objective a CUDA device becomes the current one")
-    parser.add_argument("--timeout", type=positive_seconds, help="seconds after which this worker claims no new "
-                                                                 "trial; the running one finishes")
+    parser.add_argument(
+        "--plots", type=Path, help="directory for the PNG plots (default: <study-name>-plots)"
+    )
+    parser.add_argument(
+        "--no-plots", action="store_true", help="write no plots (e.g. in all workers but one)"
+    )
+    parser.add_argument(
+        "--device",
+        help="cpu, cuda, cuda:N, or auto: cuda:<LOCAL_RANK> where CUDA is available, "
+        "else cpu. The digits example trains there (default: cuda if available); "
+        "for your objective a CUDA device becomes the current one",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        help="seconds after which this worker claims no new trial; the running one finishes",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -111,32 +136,56 @@ def main(argv: Sequence[str] | None = None) -> int:
     url = args.storage or f"sqlite:///{name}.db"
     storage, found = _stored(url, name, config)
     if not found and args.n_trials is None:
-        raise UsageError("--study-name", f"no study {name!r} in {_shown(url)}: create it with --n-trials N")
+        raise UsageError(
+            "--study-name", f"no study {name!r} in {_shown(url)}: create it with --n-trials N"
+        )
     storage = storage or _open(url, config.heartbeat)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.n_trials is not None:
-        study = create_study(name, args.n_trials, storage, directions=config.directions,
-                             sampler=config.sampler, pruner=config.make_pruner(), seed=config.seed,
-                             space=config.space)
+        study = create_study(
+            name,
+            args.n_trials,
+            storage,
+            directions=config.directions,
+            sampler=config.sampler,
+            pruner=config.make_pruner(),
+            seed=config.seed,
+            space=config.space,
+        )
     else:
-        study = optuna.load_study(study_name=name, storage=storage, pruner=config.make_pruner(),
-                                  sampler=make_sampler(config.sampler, config.seed, config.space))
+        study = optuna.load_study(
+            study_name=name,
+            storage=storage,
+            pruner=config.make_pruner(),
+            sampler=make_sampler(config.sampler, config.seed, config.space),
+        )
     if not args.create_only:
         objective = _checked(config.make_objective(_digits_device(device, config)), config, device)
         start = time.monotonic()
         try:
             with leave_on_sigterm() as running:
-                run_worker(study, config.space, running.track(objective), show_progress_bar=not args.no_progress,
-                           reseed=args.n_trials is None, timeout=args.timeout)
+                run_worker(
+                    study,
+                    config.space,
+                    running.track(objective),
+                    show_progress_bar=not args.no_progress,
+                    reseed=args.n_trials is None,
+                    timeout=args.timeout,
+                )
         except Terminated as stopped:
             # the worker queued the trial again (as for Ctrl-C); a requeued job or another worker runs it
-            where = "between trials" if stopped.trial is None else f"trial {stopped.trial} queued again"
+            where = (
+                "between trials" if stopped.trial is None else f"trial {stopped.trial} queued again"
+            )
             print(f"stopped by SIGTERM: {where}", file=sys.stderr)
             return SIGTERM_STATUS
         except _WrongValues as wrong:
             raise wrong.error from None  # its trial is queued again: no slot is lost
         except KeyboardInterrupt:  # Ctrl-C: run_worker queued the trial it stopped again
-            print("interrupted: the running trial, if any, is queued again; no slot is lost", file=sys.stderr)
+            print(
+                "interrupted: the running trial, if any, is queued again; no slot is lost",
+                file=sys.stderr,
+            )
             return 130
         if args.timeout is not None and time.monotonic() - start >= args.timeout:
             print(f"--timeout: this worker claimed no trial after {args.timeout:g} s")
@@ -170,8 +219,11 @@ def _device(text: str | None, config: HPOConfig) -> str | None:
     except ValueError as exc:
         raise UsageError("--device", str(exc)) from None
     if config.objective is not None and text == "cpu":
-        raise UsageError("--device", "cpu is for the digits example; your objective picks its own device "
-                                     "(cuda:N or auto make a CUDA device its current one)")
+        raise UsageError(
+            "--device",
+            "cpu is for the digits example; your objective picks its own device "
+            "(cuda:N or auto make a CUDA device its current one)",
+        )
     return device
 
 
@@ -210,15 +262,22 @@ def _checked(objective: Objective, config: HPOConfig, device: str | None) -> Obj
         count = len(result) if isinstance(result, (list, tuple)) else 1
         if count != len(config.directions or ()):
             field = "study.directions" if config.objective is not None else "study.objectives"
-            raise _WrongValues(UsageError(field, f"has {len(config.directions or ())} directions, but "
-                                                        f"{config.objective or 'the objective'} returned {count} "
-                                                        f"value{'s' if count != 1 else ''}"))
+            raise _WrongValues(
+                UsageError(
+                    field,
+                    f"has {len(config.directions or ())} directions, but "
+                    f"{config.objective or 'the objective'} returned {count} "
+                    f"value{'s' if count != 1 else ''}",
+                )
+            )
         return result
 
     return run
 
 
-def _stored(url: str, name: str, config: HPOConfig) -> tuple[optuna.storages.BaseStorage | None, bool]:
+def _stored(
+    url: str, name: str, config: HPOConfig
+) -> tuple[optuna.storages.BaseStorage | None, bool]:
     """The storage at ``url`` (``None`` if not opened) and whether it holds the study ``name``.
 
     A stored study is checked against ``config``. Nothing is created here: an SQLite or journal
@@ -244,9 +303,12 @@ def _stored(url: str, name: str, config: HPOConfig) -> tuple[optuna.storages.Bas
     stored = tuple(d.name.lower() for d in storage.get_study_directions(study_id))
     if stored != config.directions:
         field = "study.directions" if config.objective is not None else "study.objectives"
-        raise UsageError(field, f"must match the stored study {name!r} in {_shown(url)}, which has directions "
-                                f"{list(stored)}; got {list(config.directions or ())} (give another "
-                                f"--study-name for a new study)")
+        raise UsageError(
+            field,
+            f"must match the stored study {name!r} in {_shown(url)}, which has directions "
+            f"{list(stored)}; got {list(config.directions or ())} (give another "
+            f"--study-name for a new study)",
+        )
     return storage, True
 
 
@@ -257,8 +319,11 @@ def _open(url: str, heartbeat: int | None) -> optuna.storages.BaseStorage:
     except ConfigError as exc:
         raise UsageError("--storage", str(exc).removeprefix(f"{exc.field}: ")) from None
     except ImportError as exc:
-        raise UsageError("--storage", f"{_shown(url)} needs a database driver ({exc}); for PostgreSQL, "
-                                      "pip install psycopg2-binary and write postgresql+psycopg2://") from None
+        raise UsageError(
+            "--storage",
+            f"{_shown(url)} needs a database driver ({exc}); for PostgreSQL, "
+            "pip install psycopg2-binary and write postgresql+psycopg2://",
+        ) from None
     except sqlalchemy.exc.SQLAlchemyError as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise UsageError("--storage", f"cannot open {_shown(url)}: {reason}") from None

@@ -28,8 +28,11 @@ import optuna
 SIGTERM_STATUS = 128 + signal.SIGTERM
 """The exit status of a worker stopped by SIGTERM (143, as the shell reports a process it killed)."""
 
-WORKER_ID_VARIABLES = (("SLURM_ARRAY_TASK_ID", "slurm-array"), ("JOB_COMPLETION_INDEX", "k8s-index"),
-                       ("RANK", "rank"))
+WORKER_ID_VARIABLES = (
+    ("SLURM_ARRAY_TASK_ID", "slurm-array"),
+    ("JOB_COMPLETION_INDEX", "k8s-index"),
+    ("RANK", "rank"),
+)
 """Where a worker's id comes from, first match wins: variable, label."""
 
 LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID")
@@ -49,7 +52,11 @@ def worker_id(env: Mapping[str, str] | None = None) -> str | None:
     env = os.environ if env is None else env
     for variable, label in WORKER_ID_VARIABLES:
         if env.get(variable, "").strip():
-            job = env.get("SLURM_ARRAY_JOB_ID", "").strip() if variable == "SLURM_ARRAY_TASK_ID" else ""
+            job = (
+                env.get("SLURM_ARRAY_JOB_ID", "").strip()
+                if variable == "SLURM_ARRAY_TASK_ID"
+                else ""
+            )
             return f"{label}:{job + '_' if job else ''}{env[variable].strip()}"
     return None
 
@@ -72,7 +79,9 @@ def local_rank(env: Mapping[str, str] | None = None) -> int:
     return 0
 
 
-def resolve_device(text: str, env: Mapping[str, str] | None = None, cuda_count: int | None = None) -> str:
+def resolve_device(
+    text: str, env: Mapping[str, str] | None = None, cuda_count: int | None = None
+) -> str:
     """The device ``--device TEXT`` names, checked against the machine; ``ValueError`` says what is allowed.
 
     ``cpu``, ``cuda`` (the current CUDA device), ``cuda:N`` (N below the number of visible
@@ -104,11 +113,15 @@ def resolve_device(text: str, env: Mapping[str, str] | None = None, cuda_count: 
     if device.type != "cuda":
         raise ValueError(f"{text!r} is not supported; {allowed}")
     if count == 0:
-        raise ValueError(f"{text} is not available: this machine has no CUDA device; give cpu or auto")
+        raise ValueError(
+            f"{text} is not available: this machine has no CUDA device; give cpu or auto"
+        )
     if device.index is not None and device.index >= count:
         devices = "cuda:0" if count == 1 else f"cuda:0 to cuda:{count - 1}"
-        raise ValueError(f"{text} is not a device here: this machine has {count} CUDA "
-                         f"device{'s' if count > 1 else ''} ({devices})")
+        raise ValueError(
+            f"{text} is not a device here: this machine has {count} CUDA "
+            f"device{'s' if count > 1 else ''} ({devices})"
+        )
     return str(device)
 
 

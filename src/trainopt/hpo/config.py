@@ -35,7 +35,16 @@ from trainopt.hpo.study import PRUNERS, SAMPLERS, make_pruner, make_sampler
 from trainopt.hpo.workers import Objective
 
 SECTIONS = ("objective", "study", "training", "fixed", "search_space")
-STUDY_KEYS = ("name", "objectives", "directions", "sampler", "pruner", "prune_after", "seed", "heartbeat")
+STUDY_KEYS = (
+    "name",
+    "objectives",
+    "directions",
+    "sampler",
+    "pruner",
+    "prune_after",
+    "seed",
+    "heartbeat",
+)
 TRAINING_KEYS = ("steps", "report_every")
 DIGITS_FIXED_KEYS = ("lr", "weight_decay", "hidden", "depth", "batch_size")
 MAX_OBJECTIVES = 3
@@ -92,16 +101,26 @@ class HPOConfig:
 
     def __post_init__(self) -> None:
         if self.directions is None:
-            derived = tuple(OBJECTIVES[name] for name in self.objectives) if self.objective is None else ("minimize",)
+            derived = (
+                tuple(OBJECTIVES[name] for name in self.objectives)
+                if self.objective is None
+                else ("minimize",)
+            )
             object.__setattr__(self, "directions", derived)
         assert self.directions is not None
         field_name = "study.directions" if self.objective is not None else "study.objectives"
         if len(self.directions) > MAX_OBJECTIVES:
-            raise _config_error(field_name, f"at most {MAX_OBJECTIVES} objectives (the Pareto-front plot draws "
-                                            f"2 or 3), got {len(self.directions)}")
+            raise _config_error(
+                field_name,
+                f"at most {MAX_OBJECTIVES} objectives (the Pareto-front plot draws "
+                f"2 or 3), got {len(self.directions)}",
+            )
         if len(self.directions) > 1 and self.pruner not in (None, "none"):
-            raise _config_error("study.pruner", f"must be null for a multi-objective study (Optuna can't prune "
-                                                f"one), got {self.pruner!r}")
+            raise _config_error(
+                "study.pruner",
+                f"must be null for a multi-objective study (Optuna can't prune "
+                f"one), got {self.pruner!r}",
+            )
 
     def make_pruner(self) -> optuna.pruners.BasePruner:
         """The pruner this config describes."""
@@ -116,13 +135,19 @@ class HPOConfig:
         if self.objective is not None:
             return partial(_with_fixed, objective=load_objective(self.objective), fixed=self.fixed)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        digits = partial(digits_objective, steps=self.steps, report_every=self.report_every,
-                         objectives=self.objectives, device=device)
+        digits = partial(
+            digits_objective,
+            steps=self.steps,
+            report_every=self.report_every,
+            objectives=self.objectives,
+            device=device,
+        )
         return partial(_with_fixed, objective=digits, fixed=self.fixed)
 
 
-def _with_fixed(trial: optuna.Trial, params: dict[str, Any], objective: Objective,
-                fixed: dict[str, Any]) -> Any:
+def _with_fixed(
+    trial: optuna.Trial, params: dict[str, Any], objective: Objective, fixed: dict[str, Any]
+) -> Any:
     return objective(trial, {**fixed, **params})
 
 
@@ -146,12 +171,17 @@ def load_objective(reference: str, field_name: str = "objective") -> Callable[..
     """
     module_name, colon, name = str(reference).partition(":")
     if not colon or not module_name or not name:
-        raise _config_error(field_name, f"must be 'module:function', e.g. 'my_train:objective', got {reference!r}")
+        raise _config_error(
+            field_name, f"must be 'module:function', e.g. 'my_train:objective', got {reference!r}"
+        )
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise _config_error(field_name, f"cannot import {module_name!r} ({exc}); run from the folder that "
-                                        "holds it, or add that folder to PYTHONPATH") from None
+        raise _config_error(
+            field_name,
+            f"cannot import {module_name!r} ({exc}); run from the folder that "
+            "holds it, or add that folder to PYTHONPATH",
+        ) from None
     for part in name.split("."):
         if not hasattr(target, part):
             raise _config_error(field_name, f"module {module_name!r} has no {name!r}")
@@ -168,11 +198,15 @@ def _check_signature(target: Any, reference: str, field_name: str) -> Callable[.
     try:
         signature = inspect.signature(target)
     except (TypeError, ValueError):  # a builtin without a signature: can't tell what it takes
-        raise _config_error(field_name, f"{wanted} a builtin whose arguments can't be checked") from None
+        raise _config_error(
+            field_name, f"{wanted} a builtin whose arguments can't be checked"
+        ) from None
     try:
         signature.bind(object(), {})
     except TypeError:
-        raise _config_error(field_name, f"{wanted} {getattr(target, '__name__', 'callable')}{signature}") from None
+        raise _config_error(
+            field_name, f"{wanted} {getattr(target, '__name__', 'callable')}{signature}"
+        ) from None
     return target
 
 
@@ -190,10 +224,14 @@ def _read(path: str | Path) -> dict[str, Any]:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise _config_error(str(path), f"is not valid YAML ({where}{problem})") from None
     if data is None:
-        raise _config_error(str(path), f"is empty; a tuning config has the sections {list(SECTIONS)}, "
-                                       "search_space at least")
+        raise _config_error(
+            str(path),
+            f"is empty; a tuning config has the sections {list(SECTIONS)}, search_space at least",
+        )
     if not isinstance(data, Mapping):
-        raise _config_error(str(path), f"must be a mapping of sections {list(SECTIONS)}, got {type(data).__name__}")
+        raise _config_error(
+            str(path), f"must be a mapping of sections {list(SECTIONS)}, got {type(data).__name__}"
+        )
     return dict(data)
 
 
@@ -219,14 +257,23 @@ def _int(value: Any, field_name: str, minimum: int, or_null: bool = False) -> An
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         kind = "a positive int" if minimum == 1 else "a non-negative int"
-        raise _config_error(field_name, f"must be {kind}{' or null' if or_null else ''}, got {value!r}")
+        raise _config_error(
+            field_name, f"must be {kind}{' or null' if or_null else ''}, got {value!r}"
+        )
     return value
 
 
-def _names(value: Any, field_name: str, allowed: Mapping[str, Any] | tuple[str, ...],
-           unique: bool = False) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value or any(not isinstance(v, str) or v not in allowed for v in value):
-        raise _config_error(field_name, f"must be a non-empty list from {sorted(allowed)}, got {value!r}")
+def _names(
+    value: Any, field_name: str, allowed: Mapping[str, Any] | tuple[str, ...], unique: bool = False
+) -> tuple[str, ...]:
+    if (
+        not isinstance(value, list)
+        or not value
+        or any(not isinstance(v, str) or v not in allowed for v in value)
+    ):
+        raise _config_error(
+            field_name, f"must be a non-empty list from {sorted(allowed)}, got {value!r}"
+        )
     if unique and len(set(value)) < len(value):
         raise _config_error(field_name, f"names each metric once, got {value!r}")
     return tuple(value)
@@ -261,34 +308,64 @@ def load_hpo_config(path: str | Path) -> HPOConfig:
     if not isinstance(name, str) or not name:
         raise _config_error("study.name", f"must be a non-empty string, got {name!r}")
     if objective is None and "directions" in study:
-        raise _config_error("study.directions", "is for your own objective; the digits example takes its "
-                                                "directions from study.objectives")
+        raise _config_error(
+            "study.directions",
+            "is for your own objective; the digits example takes its "
+            "directions from study.objectives",
+        )
     if objective is not None and "objectives" in study:
-        raise _config_error("study.objectives", "names the digits example's metrics; for your own objective "
-                                                "give study.directions")
+        raise _config_error(
+            "study.objectives",
+            "names the digits example's metrics; for your own objective give study.directions",
+        )
     if objective is not None and training:
-        raise _config_error("training", "configures the digits example; pass your objective's settings in fixed")
+        raise _config_error(
+            "training", "configures the digits example; pass your objective's settings in fixed"
+        )
     sampler = study.get("sampler", "tpe")
     if sampler not in SAMPLERS:
         raise _config_error("study.sampler", f"must be one of {list(SAMPLERS)}, got {sampler!r}")
     directions = study.get("directions")
-    directions = None if directions is None else _names(directions, "study.directions", ("minimize", "maximize"))
-    objectives = _names(study.get("objectives", ["val_loss"]), "study.objectives", OBJECTIVES, unique=True)
+    directions = (
+        None
+        if directions is None
+        else _names(directions, "study.directions", ("minimize", "maximize"))
+    )
+    objectives = _names(
+        study.get("objectives", ["val_loss"]), "study.objectives", OBJECTIVES, unique=True
+    )
     several = len(directions or ()) > 1 if objective is not None else len(objectives) > 1
-    pruner = study.get("pruner", None if several else "median")  # Optuna can't prune several objectives
+    pruner = study.get(
+        "pruner", None if several else "median"
+    )  # Optuna can't prune several objectives
     if pruner not in (*PRUNERS, None):
-        raise _config_error("study.pruner", f"must be one of {list(PRUNERS)} or null, got {pruner!r}")
+        raise _config_error(
+            "study.pruner", f"must be one of {list(PRUNERS)} or null, got {pruner!r}"
+        )
     seed = study.get("seed", 0)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
-        raise _config_error("study.seed", f"must be an int from 0 to 2**32 - 1, or null, got {seed!r}")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED
+    ):
+        raise _config_error(
+            "study.seed", f"must be an int from 0 to 2**32 - 1, or null, got {seed!r}"
+        )
     overlap = sorted(set(fixed) & set(space))
     if overlap:
-        raise _config_error(f"fixed.{overlap[0]}", "is also in search_space: a hyperparameter is either fixed or tuned")
+        raise _config_error(
+            f"fixed.{overlap[0]}",
+            "is also in search_space: a hyperparameter is either fixed or tuned",
+        )
     if sampler in ("grid", "gp"):
         make_sampler(sampler, seed, space)  # a grid needs steps or choices; gp needs scipy
     return HPOConfig(
-        name=name, space=space, objective=objective, directions=directions, objectives=objectives,
-        sampler=sampler, pruner=pruner, seed=seed,
+        name=name,
+        space=space,
+        objective=objective,
+        directions=directions,
+        objectives=objectives,
+        sampler=sampler,
+        pruner=pruner,
+        seed=seed,
         prune_after=_int(study.get("prune_after", 0), "study.prune_after", 0),
         heartbeat=_int(study.get("heartbeat", 60), "study.heartbeat", 1, or_null=True),
         steps=_int(training.get("steps", 150), "training.steps", 1),

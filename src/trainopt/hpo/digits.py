@@ -17,10 +17,18 @@ from trainopt.validation import check_int
 OBJECTIVES = {"val_loss": "minimize", "val_accuracy": "maximize", "n_params": "minimize"}
 
 
-def train_digits(lr: float = 1e-3, weight_decay: float = 1e-2, steps: int = 150, hidden: int = 128,
-                 depth: int = 2, batch_size: int = 64, reporter: TrialReporter | None = None,
-                 device: str | torch.device = "cpu", seed: int = 0,
-                 num_threads: int | None = 1) -> tuple[float, float]:
+def train_digits(
+    lr: float = 1e-3,
+    weight_decay: float = 1e-2,
+    steps: int = 150,
+    hidden: int = 128,
+    depth: int = 2,
+    batch_size: int = 64,
+    reporter: TrialReporter | None = None,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    num_threads: int | None = 1,
+) -> tuple[float, float]:
     """Train the digits MLP with AdamW for ``steps`` steps; return ``(val_loss, val_accuracy)``.
 
     With a ``reporter``, the validation loss is reported every ``reporter.report_every``
@@ -58,9 +66,14 @@ def train_digits(lr: float = 1e-3, weight_decay: float = 1e-2, steps: int = 150,
         torch.set_num_threads(threads)
 
 
-def digits_objective(trial: optuna.Trial, params: dict[str, Any], steps: int = 150,
-                     report_every: int = 25, objectives: Sequence[str] = ("val_loss",),
-                     device: str | torch.device = "cpu") -> float | list[float]:
+def digits_objective(
+    trial: optuna.Trial,
+    params: dict[str, Any],
+    steps: int = 150,
+    report_every: int = 25,
+    objectives: Sequence[str] = ("val_loss",),
+    device: str | torch.device = "cpu",
+) -> float | list[float]:
     """Objective for :func:`trainopt.hpo.study.tune`: train with the trial's ``params``, return the objectives.
 
     ``params`` may set ``lr``, ``weight_decay``, ``hidden``, ``depth`` and ``batch_size``;
@@ -78,13 +91,24 @@ def digits_objective(trial: optuna.Trial, params: dict[str, Any], steps: int = 1
     """
     unknown = sorted(set(params) - {"lr", "weight_decay", "hidden", "depth", "batch_size"})
     if unknown:
-        raise ValueError(f"digits_objective takes lr, weight_decay, hidden, depth, batch_size; got {unknown}")
+        raise ValueError(
+            f"digits_objective takes lr, weight_decay, hidden, depth, batch_size; got {unknown}"
+        )
     bad = [name for name in objectives if name not in OBJECTIVES]
     if bad or not objectives:
-        raise ValueError(f"objectives must be a non-empty list from {sorted(OBJECTIVES)}, got {list(objectives)}")
-    reporter = TrialReporter(trial, report_every, prune=len(objectives) == 1 and objectives[0] == "val_loss")
+        raise ValueError(
+            f"objectives must be a non-empty list from {sorted(OBJECTIVES)}, got {list(objectives)}"
+        )
+    reporter = TrialReporter(
+        trial, report_every, prune=len(objectives) == 1 and objectives[0] == "val_loss"
+    )
     val_loss, val_accuracy = train_digits(steps=steps, reporter=reporter, device=device, **params)
-    n_params = sum(p.numel() for p in digits_mlp(params.get("hidden", 128), params.get("depth", 2), seed=None).parameters())
+    n_params = sum(
+        p.numel()
+        for p in digits_mlp(
+            params.get("hidden", 128), params.get("depth", 2), seed=None
+        ).parameters()
+    )
     results = {"val_loss": val_loss, "val_accuracy": val_accuracy, "n_params": float(n_params)}
     values = [results[name] for name in objectives]
     return values[0] if len(values) == 1 else values

@@ -11,11 +11,11 @@ clean without hiding anything else.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import optuna
 from matplotlib.figure import Figure
@@ -137,7 +137,9 @@ def plot_contour(study: optuna.Study, params: list[str] | None = None) -> Figure
     """
     if params is None:
         with quiet_experimental():
-            ranked = optuna.importance.get_param_importances(study, evaluator=importance_evaluator())
+            ranked = optuna.importance.get_param_importances(
+                study, evaluator=importance_evaluator()
+            )
         params = list(ranked)[:2]
     return _figure(optuna_mpl.plot_contour, study, params=params)
 
@@ -202,8 +204,12 @@ def plot_isolation(study: optuna.Study, scientific: str) -> Figure:
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     dots = [(position[t.params[scientific]], t.value) for t in trials if scientific in t.params]
     ax.scatter(*zip(*dots), color="0.6", s=18, label="single trials")
-    ax.plot(list(position.values()), list(best.values()), marker="o", color="C0", label="best per value")
-    ax.set_xticks(list(position.values()), [f"{v:g}" if isinstance(v, float) else str(v) for v in best])
+    ax.plot(
+        list(position.values()), list(best.values()), marker="o", color="C0", label="best per value"
+    )
+    ax.set_xticks(
+        list(position.values()), [f"{v:g}" if isinstance(v, float) else str(v) for v in best]
+    )
     ax.set_xlabel(scientific)
     ax.set_ylabel("objective value")
     ax.set_title(f"Isolation plot: {scientific}")
@@ -248,8 +254,9 @@ def save_plots(study: optuna.Study, out_dir: str | Path) -> list[Path]:
     return written
 
 
-def demo_study(objectives: tuple[str, ...] = ("val_loss",), n_trials: int = 16, steps: int = 100,
-               seed: int = 0) -> optuna.Study:
+def demo_study(
+    objectives: tuple[str, ...] = ("val_loss",), n_trials: int = 16, steps: int = 100, seed: int = 0
+) -> optuna.Study:
     """A small real study of the digits MLP, run once per set of arguments (build-time plots).
 
     One objective: learning rate and weight decay, a quasi-random (exploration) round with
@@ -273,17 +280,27 @@ def demo_study(objectives: tuple[str, ...] = ("val_loss",), n_trials: int = 16, 
             "weight_decay": {"type": "float", "low": 1e-5, "high": 1e-1, "log": True},
         }
         if len(objectives) > 1:
-            specs = {"lr": specs["lr"], "hidden": {"type": "int", "low": 8, "high": 256, "log": True}}
-        objective = partial(digits_objective, steps=steps, report_every=max(steps // 5, 1),
-                            objectives=objectives)
+            specs = {
+                "lr": specs["lr"],
+                "hidden": {"type": "int", "low": 8, "high": 256, "log": True},
+            }
+        objective = partial(
+            digits_objective, steps=steps, report_every=max(steps // 5, 1), objectives=objectives
+        )
         verbosity = optuna.logging.get_verbosity()
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # no per-trial log lines in the build
         try:
             _DEMO_STUDIES[key] = tune(
-                objective, SearchSpace.from_dict(specs), n_trials, study_name="demo-" + "-".join(objectives),
-                storage=":memory:", directions=[OBJECTIVES[o] for o in objectives],
+                objective,
+                SearchSpace.from_dict(specs),
+                n_trials,
+                study_name="demo-" + "-".join(objectives),
+                storage=":memory:",
+                directions=[OBJECTIVES[o] for o in objectives],
                 sampler="qmc" if len(objectives) == 1 else "tpe",
-                pruner=make_pruner("median" if len(objectives) == 1 else None, n_warmup_steps=steps * 2 // 5),
+                pruner=make_pruner(
+                    "median" if len(objectives) == 1 else None, n_warmup_steps=steps * 2 // 5
+                ),
                 seed=seed,
             )
         finally:
@@ -305,14 +322,24 @@ def demo_isolation_study(steps: int = 100) -> optuna.Study:
         from trainopt.hpo.space import SearchSpace
         from trainopt.hpo.study import tune
 
-        space = SearchSpace.from_dict({"hidden": {"type": "categorical", "choices": [16, 64, 256]},
-                                       "lr": {"type": "categorical", "choices": [1e-3, 3e-3, 1e-2, 3e-2]}})
+        space = SearchSpace.from_dict(
+            {
+                "hidden": {"type": "categorical", "choices": [16, 64, 256]},
+                "lr": {"type": "categorical", "choices": [1e-3, 3e-3, 1e-2, 3e-2]},
+            }
+        )
         verbosity = optuna.logging.get_verbosity()
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         try:
-            _DEMO_STUDIES[key] = tune(partial(digits_objective, steps=steps), space, 12,
-                                      study_name="demo-isolation", storage=":memory:", sampler="grid",
-                                      pruner=None)
+            _DEMO_STUDIES[key] = tune(
+                partial(digits_objective, steps=steps),
+                space,
+                12,
+                study_name="demo-isolation",
+                storage=":memory:",
+                sampler="grid",
+                pruner=None,
+            )
         finally:
             optuna.logging.set_verbosity(verbosity)
     return _DEMO_STUDIES[key]
@@ -332,7 +359,14 @@ def demo_figure(plot: str = "history") -> Figure:
     if plot == "isolation":
         return plot_isolation(demo_isolation_study(), "hidden")
     if plot == "pareto":
-        return plot_pareto(demo_study(("val_loss", "n_params")), target_names=["validation loss", "parameters"])
+        return plot_pareto(
+            demo_study(("val_loss", "n_params")), target_names=["validation loss", "parameters"]
+        )
     study = demo_study()
-    return {"history": plot_history, "importances": plot_importances, "intermediate": plot_intermediate,
-            "parallel": plot_parallel, "contour": plot_contour}[plot](study)
+    return {
+        "history": plot_history,
+        "importances": plot_importances,
+        "intermediate": plot_intermediate,
+        "parallel": plot_parallel,
+        "contour": plot_contour,
+    }[plot](study)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import optuna
+
 from trainopt.validation import check_int
 
 

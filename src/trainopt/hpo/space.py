@@ -91,7 +91,9 @@ class ParamSpec:
             raise _config_error(field, f"must be a mapping with a 'type', got {spec!r}")
         kind = spec.get("type")
         if kind not in PARAM_TYPES:
-            raise _config_error(f"{field}.type", f"must be one of {list(PARAM_TYPES)}, got {kind!r}")
+            raise _config_error(
+                f"{field}.type", f"must be one of {list(PARAM_TYPES)}, got {kind!r}"
+            )
         unknown = sorted(set(spec) - ALLOWED_KEYS[kind])
         if unknown:
             raise _config_error(
@@ -100,7 +102,9 @@ class ParamSpec:
         if kind == "categorical":
             choices = spec.get("choices")
             if not isinstance(choices, (list, tuple)) or not choices:
-                raise _config_error(f"{field}.choices", f"must be a non-empty list, got {choices!r}")
+                raise _config_error(
+                    f"{field}.choices", f"must be a non-empty list, got {choices!r}"
+                )
             for value in choices:
                 if value is not None and not isinstance(value, (bool, int, float, str)):
                     raise _config_error(
@@ -123,8 +127,11 @@ class ParamSpec:
             if step <= 0:
                 raise _config_error(f"{field}.step", f"must be positive, got {step!r}")
             if step > high - low:
-                raise _config_error(f"{field}.step", f"must be at most high - low = {high - low!r} (a larger "
-                                                     f"step leaves only low to draw), got {step!r}")
+                raise _config_error(
+                    f"{field}.step",
+                    f"must be at most high - low = {high - low!r} (a larger "
+                    f"step leaves only low to draw), got {step!r}",
+                )
         if log and low <= 0:
             raise _config_error(f"{field}.low", f"must be > 0 when log is true, got {low!r}")
         if log and step not in (None, 1):
@@ -138,8 +145,12 @@ class ParamSpec:
         if self.type == "categorical":
             return optuna.distributions.CategoricalDistribution(list(self.choices))
         if self.type == "int":
-            return optuna.distributions.IntDistribution(self.low, self.high, log=self.log, step=self.step)
-        return optuna.distributions.FloatDistribution(self.low, self.high, log=self.log, step=self.step)
+            return optuna.distributions.IntDistribution(
+                self.low, self.high, log=self.log, step=self.step
+            )
+        return optuna.distributions.FloatDistribution(
+            self.low, self.high, log=self.log, step=self.step
+        )
 
     def suggest(self, trial: optuna.Trial) -> Any:
         """Ask ``trial`` for a value through the matching ``trial.suggest_*`` call."""
@@ -155,8 +166,9 @@ class ParamSpec:
             return list(self.choices)
         if self.step is None:
             raise _config_error(
-                f"search_space.{self.name}", "a grid search needs 'choices' or a 'step' for every "
-                f"parameter; {self.name} is a continuous float"
+                f"search_space.{self.name}",
+                "a grid search needs 'choices' or a 'step' for every "
+                f"parameter; {self.name} is a continuous float",
             )
         count = int(math.floor((self.high - self.low) / self.step + 1e-9)) + 1
         values = [self.low + i * self.step for i in range(count)]
@@ -183,7 +195,9 @@ class SearchSpace(dict[str, ParamSpec]):
     def from_dict(cls, specs: Any, where: str = "search_space") -> SearchSpace:
         """Validate a mapping of parameter name -> spec (as read from YAML)."""
         if not isinstance(specs, Mapping) or not specs:
-            raise _config_error(where, f"must be a non-empty mapping of name -> spec, got {specs!r}")
+            raise _config_error(
+                where, f"must be a non-empty mapping of name -> spec, got {specs!r}"
+            )
         space = cls()
         for name, spec in specs.items():
             if not isinstance(name, str) or not name:
@@ -212,7 +226,9 @@ class SearchSpace(dict[str, ParamSpec]):
         return new
 
 
-def load_search_space(source: str | Path | Mapping[str, Any], key: str | None = "search_space") -> SearchSpace:
+def load_search_space(
+    source: str | Path | Mapping[str, Any], key: str | None = "search_space"
+) -> SearchSpace:
     """Load and validate a search space from a YAML file (or an already parsed mapping).
 
     Args:
@@ -236,7 +252,9 @@ def load_search_space(source: str | Path | Mapping[str, Any], key: str | None = 
     return SearchSpace.from_dict(data, where=key or "search_space")
 
 
-def params_at_edge(params: Mapping[str, Any], space: SearchSpace, margin: float = 0.05) -> dict[str, str]:
+def params_at_edge(
+    params: Mapping[str, Any], space: SearchSpace, margin: float = 0.05
+) -> dict[str, str]:
     """Which numeric parameters sit near an edge of their range: ``{name: "low" | "high"}``.
 
     A best trial near a boundary means the optimum may lie outside the space: widen that
@@ -267,7 +285,9 @@ def params_at_edge(params: Mapping[str, Any], space: SearchSpace, margin: float 
     return flagged
 
 
-def lr_bounds_from_finder(finder_or_lr: Any, below: float = 10.0, above: float = 3.0) -> tuple[float, float]:
+def lr_bounds_from_finder(
+    finder_or_lr: Any, below: float = 10.0, above: float = 3.0
+) -> tuple[float, float]:
     """Learning-rate bounds around an LR range test's suggestion ``s``: ``(s / below, s * above)``.
 
     The default range ``[s / 10, 3 s]`` is not centred on ``s``: on a log scale its centre is
@@ -290,14 +310,17 @@ def lr_bounds_from_finder(finder_or_lr: Any, below: float = 10.0, above: float =
     """
     lr = finder_or_lr.suggest_lr() if hasattr(finder_or_lr, "suggest_lr") else finder_or_lr
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
-        raise ValueError(f"the suggested learning rate must be a positive finite number, got {lr!r}")
+        raise ValueError(
+            f"the suggested learning rate must be a positive finite number, got {lr!r}"
+        )
     if below < 1.0 or above < 1.0:
         raise ValueError(f"below and above must be >= 1, got {below=}, {above=}")
     return float(lr) / below, float(lr) * above
 
 
-def with_lr_range_from_finder(space: SearchSpace, finder_or_lr: Any, name: str = "lr",
-                              below: float = 10.0, above: float = 3.0) -> SearchSpace:
+def with_lr_range_from_finder(
+    space: SearchSpace, finder_or_lr: Any, name: str = "lr", below: float = 10.0, above: float = 3.0
+) -> SearchSpace:
     """A copy of ``space`` whose learning-rate range comes from an LR range test.
 
     The range is :func:`lr_bounds_from_finder`'s, ``[s / below, s * above]``, log-scaled.

@@ -69,6 +69,7 @@ def _utc(moment: datetime) -> datetime:
     process's local time (whatever the storage keeps), so a naive datetime is read as local."""
     return moment.astimezone(timezone.utc)
 
+
 class _ExactBudget:
     """Mixed into Optuna's storages by :func:`open_storage` (see the module docstring)."""
 
@@ -85,14 +86,25 @@ class _RDBStorage(_ExactBudget, optuna.storages.RDBStorage):
         self._claimed_at: dict[int, float] = {}
         self._looked_at: dict[int, float] = {}
 
-    def _create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> FrozenTrial:
+    def _create_new_trial(
+        self, study_id: int, template_trial: FrozenTrial | None = None
+    ) -> FrozenTrial:
         if not _claiming(template_trial):
             return super()._create_new_trial(study_id, template_trial)
         # One transaction counts the budget, creates the trial RUNNING and names its worker.
-        claim = FrozenTrial(number=-1, state=TrialState.RUNNING, value=None, datetime_start=datetime.now(),
-                            datetime_complete=None, params={}, distributions={},
-                            user_attrs={WORKER_ATTR: worker_name()}, system_attrs={}, intermediate_values={},
-                            trial_id=-1)
+        claim = FrozenTrial(
+            number=-1,
+            state=TrialState.RUNNING,
+            value=None,
+            datetime_start=datetime.now(),
+            datetime_complete=None,
+            params={},
+            distributions={},
+            user_attrs={WORKER_ATTR: worker_name()},
+            system_attrs={},
+            intermediate_values={},
+            trial_id=-1,
+        )
         _claims.creating = True
         try:
             trial = super()._create_new_trial(study_id, claim)
@@ -108,17 +120,32 @@ class _RDBStorage(_ExactBudget, optuna.storages.RDBStorage):
         if claimed is None or time.monotonic() - claimed > self.heartbeat_interval / 2:
             super().record_heartbeat(trial_id)
 
-    def _get_prepared_new_trial(self, study_id: int, template_trial: FrozenTrial | None,
-                                session: sqlalchemy.orm.Session) -> Any:
+    def _get_prepared_new_trial(
+        self, study_id: int, template_trial: FrozenTrial | None, session: sqlalchemy.orm.Session
+    ) -> Any:
         if getattr(_claims, "creating", False):
-            trial, attr, study = models.TrialModel, models.TrialSystemAttributeModel, models.StudySystemAttributeModel
+            trial, attr, study = (
+                models.TrialModel,
+                models.TrialSystemAttributeModel,
+                models.StudySystemAttributeModel,
+            )
             select, count = sqlalchemy.select, sqlalchemy.func.count
-            trials, retries, budget = session.execute(select(  # one round trip
-                select(count()).select_from(trial).where(trial.study_id == study_id).scalar_subquery(),
-                select(count()).select_from(attr).join(trial, trial.trial_id == attr.trial_id)
-                .where(trial.study_id == study_id, attr.key == RETRY_ATTR).scalar_subquery(),
-                select(study.value_json).where(study.study_id == study_id, study.key == BUDGET_ATTR)
-                .scalar_subquery())).one()
+            trials, retries, budget = session.execute(
+                select(  # one round trip
+                    select(count())
+                    .select_from(trial)
+                    .where(trial.study_id == study_id)
+                    .scalar_subquery(),
+                    select(count())
+                    .select_from(attr)
+                    .join(trial, trial.trial_id == attr.trial_id)
+                    .where(trial.study_id == study_id, attr.key == RETRY_ATTR)
+                    .scalar_subquery(),
+                    select(study.value_json)
+                    .where(study.study_id == study_id, study.key == BUDGET_ATTR)
+                    .scalar_subquery(),
+                )
+            ).one()
             _check_budget(None if budget is None else json.loads(budget), trials, retries)
         return super()._get_prepared_new_trial(study_id, template_trial, session)
 
@@ -133,16 +160,24 @@ class _RDBStorage(_ExactBudget, optuna.storages.RDBStorage):
         trial, beat = models.TrialModel, models.TrialHeartbeatModel
         session = self.scoped_session()
         try:
-            now = session.execute(sqlalchemy.func.now()).scalar().replace(tzinfo=None)  # the beats' clock
-            running = (session.query(trial, beat.heartbeat).outerjoin(beat, beat.trial_id == trial.trial_id)
-                       .filter(trial.study_id == study_id, trial.state == TrialState.RUNNING).all())
+            now = (
+                session.execute(sqlalchemy.func.now()).scalar().replace(tzinfo=None)
+            )  # the beats' clock
+            running = (
+                session.query(trial, beat.heartbeat)
+                .outerjoin(beat, beat.trial_id == trial.trial_id)
+                .filter(trial.study_id == study_id, trial.state == TrialState.RUNNING)
+                .all()
+            )
             # A beat is the database's clock, read against that clock; a start is a worker's,
             # read against this worker's (never the one against the other: the database's is
             # UTC on SQLite and its session's time zone on PostgreSQL), both in UTC.
             local = _now()
-            stale = [t.trial_id for t, last in running
-                     if (now - last if last is not None else local - _utc(t.datetime_start))
-                     > grace]
+            stale = [
+                t.trial_id
+                for t, last in running
+                if (now - last if last is not None else local - _utc(t.datetime_start)) > grace
+            ]
             session.commit()
         finally:
             session.close()
@@ -166,8 +201,13 @@ class _JournalStorage(_ExactBudget, optuna.storages.JournalStorage, BaseHeartbea
     trial counts the study's trials under a lock on ``<journal>.claim.lock``.
     """
 
-    def __init__(self, backend: Any, lock_path: str, heartbeat_interval: int | None = None,
-                 heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None] | None = None) -> None:
+    def __init__(
+        self,
+        backend: Any,
+        lock_path: str,
+        heartbeat_interval: int | None = None,
+        heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None] | None = None,
+    ) -> None:
         super().__init__(backend)
         self.lock_path = lock_path
         self.heartbeat_interval = heartbeat_interval
@@ -202,7 +242,9 @@ class _JournalStorage(_ExactBudget, optuna.storages.JournalStorage, BaseHeartbea
     def get_heartbeat_interval(self) -> int | None:
         return self.heartbeat_interval
 
-    def get_heartbeat_stale_trial_callback(self) -> Callable[[optuna.Study, FrozenTrial], None] | None:
+    def get_heartbeat_stale_trial_callback(
+        self,
+    ) -> Callable[[optuna.Study, FrozenTrial], None] | None:
         return self.heartbeat_stale_trial_callback
 
 
@@ -228,15 +270,23 @@ def open_storage(url: str | Path, heartbeat: int | None = 60) -> BaseStorage:
         >>> isinstance(storage, optuna.storages.JournalStorage), storage.get_heartbeat_interval()
         (True, 30)
     """
-    if heartbeat is not None and (isinstance(heartbeat, bool) or not isinstance(heartbeat, int) or heartbeat < 1):
-        raise _config_error("study.heartbeat", f"must be a positive int (seconds) or null, got {heartbeat!r}")
+    if heartbeat is not None and (
+        isinstance(heartbeat, bool) or not isinstance(heartbeat, int) or heartbeat < 1
+    ):
+        raise _config_error(
+            "study.heartbeat", f"must be a positive int (seconds) or null, got {heartbeat!r}"
+        )
     url = str(url)
     beats: dict[str, Any] = {}
     if heartbeat is not None:
         with warnings.catch_warnings():  # experimental since Optuna 2.8, and what the budget needs
             warnings.simplefilter("ignore", ExperimentalWarning)
-            beats = {"heartbeat_interval": heartbeat,
-                     "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)}
+            beats = {
+                "heartbeat_interval": heartbeat,
+                "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(
+                    max_retry=MAX_RETRIES
+                ),
+            }
     if url == ":memory:":
         return _InMemoryStorage()
     if url.startswith("journal:") or (url.endswith(".log") and "://" not in url):
@@ -246,8 +296,10 @@ def open_storage(url: str | Path, heartbeat: int | None = 60) -> BaseStorage:
         return _JournalStorage(JournalFileBackend(path), f"{path}.claim.lock", **beats)
     if "://" not in url:
         raise _config_error(
-            "storage", f"must be an SQLAlchemy URL (sqlite:///study.db, postgresql+psycopg2://...) "
-            f"or a journal file (journal:study.log), got {url!r}")
+            "storage",
+            f"must be an SQLAlchemy URL (sqlite:///study.db, postgresql+psycopg2://...) "
+            f"or a journal file (journal:study.log), got {url!r}",
+        )
     engine_kwargs = None
     if url.startswith("sqlite:"):
         # isolation_level=None: the driver starts no transaction itself; _begin_immediate does.
@@ -327,5 +379,6 @@ def check_claims_are_safe(study: optuna.Study) -> BaseStorage:
         raise ValueError(
             f"the study's storage is a plain {type(storage).__name__}: open it with "
             f"trainopt.hpo.open_storage(url), e.g. optuna.load_study(study_name=..., "
-            f"storage=open_storage(url)), so that workers claim trials atomically, within the budget")
+            f"storage=open_storage(url)), so that workers claim trials atomically, within the budget"
+        )
     return storage

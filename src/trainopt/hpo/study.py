@@ -24,9 +24,9 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
+from trainopt.hpo.claims import budget_of, budget_trials, set_budget, trials_to_run  # noqa: F401
 from trainopt.hpo.seeds import TrialSeededSampler
 from trainopt.hpo.space import SearchSpace, _config_error
-from trainopt.hpo.claims import budget_of, budget_trials, set_budget, trials_to_run  # noqa: F401
 from trainopt.hpo.storage import open_storage
 from trainopt.hpo.workers import Objective, run_worker
 from trainopt.validation import check_int
@@ -37,8 +37,9 @@ PRUNERS = ("median", "successive-halving", "hyperband", "none")
 _log = logging.getLogger(__name__)
 
 
-def make_sampler(name: str, seed: int | None = None,
-                 space: SearchSpace | None = None) -> optuna.samplers.BaseSampler:
+def make_sampler(
+    name: str, seed: int | None = None, space: SearchSpace | None = None
+) -> optuna.samplers.BaseSampler:
     """The sampler called ``name``.
 
     - ``"qmc"``: scrambled Sobol points: quasi-random search, to explore a new space evenly.
@@ -62,21 +63,30 @@ def make_sampler(name: str, seed: int | None = None,
         ('QMCSampler', TrialSeededSampler(TPESampler, seed=0))
     """
     if isinstance(seed, bool) or not (seed is None or isinstance(seed, int) and 0 <= seed < 2**32):
-        raise _config_error("study.seed", f"must be an int from 0 to 2**32 - 1, or null, got {seed!r}")
+        raise _config_error(
+            "study.seed", f"must be an int from 0 to 2**32 - 1, or null, got {seed!r}"
+        )
     if name == "qmc":
         with warnings.catch_warnings():  # experimental since Optuna 3.0; stable enough here
             warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.QMCSampler(qmc_type="sobol", scramble=True, seed=seed,
-                                              warn_independent_sampling=False)
+            return optuna.samplers.QMCSampler(
+                qmc_type="sobol", scramble=True, seed=seed, warn_independent_sampling=False
+            )
     build = _builder(name, space)
-    if seed is None or name == "grid":  # the grid visits each point once, in an order its seed shuffles
+    if (
+        seed is None or name == "grid"
+    ):  # the grid visits each point once, in an order its seed shuffles
         return build(seed)
     return TrialSeededSampler(build, seed)
 
 
-def _builder(name: str, space: SearchSpace | None) -> Callable[[int | None], optuna.samplers.BaseSampler]:
+def _builder(
+    name: str, space: SearchSpace | None
+) -> Callable[[int | None], optuna.samplers.BaseSampler]:
     if name == "tpe":
-        return lambda seed: optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+        return lambda seed: optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, constant_liar=True
+        )
     if name == "random":
         return lambda seed: optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
@@ -87,7 +97,9 @@ def _builder(name: str, space: SearchSpace | None) -> Callable[[int | None], opt
     if name == "gp":
         missing = [m for m in ("torch", "scipy") if not _importable(m)]
         if missing:
-            raise _config_error("study.sampler", f"'gp' needs {missing} installed; use 'tpe' instead")
+            raise _config_error(
+                "study.sampler", f"'gp' needs {missing} installed; use 'tpe' instead"
+            )
         return lambda seed: optuna.samplers.GPSampler(seed=seed)
     raise _config_error("study.sampler", f"must be one of {list(SAMPLERS)}, got {name!r}")
 
@@ -113,7 +125,9 @@ def _importable(module: str) -> bool:
     return True
 
 
-def make_pruner(name: str | None, n_startup_trials: int = 4, n_warmup_steps: int = 0) -> optuna.pruners.BasePruner:
+def make_pruner(
+    name: str | None, n_startup_trials: int = 4, n_warmup_steps: int = 0
+) -> optuna.pruners.BasePruner:
     """The pruner called ``name``: ``"median"``, ``"successive-halving"``, ``"hyperband"`` or none.
 
     Args:
@@ -128,12 +142,20 @@ def make_pruner(name: str | None, n_startup_trials: int = 4, n_warmup_steps: int
         >>> type(make_pruner("hyperband")).__name__, type(make_pruner(None)).__name__
         ('HyperbandPruner', 'NopPruner')
     """
-    if isinstance(n_warmup_steps, bool) or not isinstance(n_warmup_steps, int) or n_warmup_steps < 0:
-        raise _config_error("study.prune_after", f"must be a non-negative int, got {n_warmup_steps!r}")
+    if (
+        isinstance(n_warmup_steps, bool)
+        or not isinstance(n_warmup_steps, int)
+        or n_warmup_steps < 0
+    ):
+        raise _config_error(
+            "study.prune_after", f"must be a non-negative int, got {n_warmup_steps!r}"
+        )
     if name in (None, "none"):
         return optuna.pruners.NopPruner()
     if name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=n_startup_trials, n_warmup_steps=n_warmup_steps)
+        return optuna.pruners.MedianPruner(
+            n_startup_trials=n_startup_trials, n_warmup_steps=n_warmup_steps
+        )
     if name == "successive-halving":
         return optuna.pruners.SuccessiveHalvingPruner(min_resource=n_warmup_steps or "auto")
     if name == "hyperband":
@@ -141,10 +163,18 @@ def make_pruner(name: str | None, n_startup_trials: int = 4, n_warmup_steps: int
     raise _config_error("study.pruner", f"must be one of {list(PRUNERS)} or null, got {name!r}")
 
 
-def create_study(study_name: str, n_trials: int, storage: str | Path | BaseStorage | None = None, *,
-                 directions: Sequence[str] = ("minimize",), sampler: str = "tpe",
-                 pruner: str | optuna.pruners.BasePruner | None = "median", seed: int | None = 0,
-                 space: SearchSpace | None = None, heartbeat: int | None = 60) -> optuna.Study:
+def create_study(
+    study_name: str,
+    n_trials: int,
+    storage: str | Path | BaseStorage | None = None,
+    *,
+    directions: Sequence[str] = ("minimize",),
+    sampler: str = "tpe",
+    pruner: str | optuna.pruners.BasePruner | None = "median",
+    seed: int | None = 0,
+    space: SearchSpace | None = None,
+    heartbeat: int | None = 60,
+) -> optuna.Study:
     """Create (or load) a study and raise its budget to ``n_trials`` trials in all.
 
     Run it once per study, or from every worker at once: the budget is the largest
@@ -178,31 +208,54 @@ def create_study(study_name: str, n_trials: int, storage: str | Path | BaseStora
     check_int("n_trials", n_trials, 1)
     for direction in directions:
         if direction not in ("minimize", "maximize"):
-            raise _config_error("study.directions", f"entries must be 'minimize' or 'maximize', got {direction!r}")
+            raise _config_error(
+                "study.directions", f"entries must be 'minimize' or 'maximize', got {direction!r}"
+            )
     if not isinstance(pruner, optuna.pruners.BasePruner):
         pruner = make_pruner(pruner)
     if len(directions) > 1 and not isinstance(pruner, optuna.pruners.NopPruner):
-        raise _config_error("study.pruner", f"must be null for a multi-objective study (Optuna can't "
-                            f"prune one), got {type(pruner).__name__}")
+        raise _config_error(
+            "study.pruner",
+            f"must be null for a multi-objective study (Optuna can't "
+            f"prune one), got {type(pruner).__name__}",
+        )
     made = make_sampler(sampler, seed, space)
     if sampler == "grid" and space is not None and n_trials > grid_size(space):
-        _log.warning("the grid has %d points: the budget is capped at %d trials, not %d",
-                     grid_size(space), grid_size(space), n_trials)
+        _log.warning(
+            "the grid has %d points: the budget is capped at %d trials, not %d",
+            grid_size(space),
+            grid_size(space),
+            n_trials,
+        )
         n_trials = grid_size(space)
     if not isinstance(storage, BaseStorage):
         storage = open_storage(storage or f"sqlite:///{study_name}.db", heartbeat)
     study = optuna.create_study(
-        study_name=study_name, storage=storage, load_if_exists=True, directions=list(directions),
-        sampler=made, pruner=pruner,
+        study_name=study_name,
+        storage=storage,
+        load_if_exists=True,
+        directions=list(directions),
+        sampler=made,
+        pruner=pruner,
     )
     set_budget(study, n_trials)
     return study
 
 
-def tune(objective: Objective, space: SearchSpace, n_trials: int, *, study_name: str = "trainopt",
-         storage: str | Path | None = None, directions: Sequence[str] = ("minimize",),
-         sampler: str = "tpe", pruner: str | optuna.pruners.BasePruner | None = "median",
-         seed: int | None = 0, show_progress_bar: bool = False, heartbeat: int | None = 60) -> optuna.Study:
+def tune(
+    objective: Objective,
+    space: SearchSpace,
+    n_trials: int,
+    *,
+    study_name: str = "trainopt",
+    storage: str | Path | None = None,
+    directions: Sequence[str] = ("minimize",),
+    sampler: str = "tpe",
+    pruner: str | optuna.pruners.BasePruner | None = "median",
+    seed: int | None = 0,
+    show_progress_bar: bool = False,
+    heartbeat: int | None = 60,
+) -> optuna.Study:
     """Tune ``objective(trial, params)`` over ``space`` until the study holds ``n_trials`` trials.
 
     The study lives in ``storage`` (an SQLite file ``<study_name>.db`` by default): run
@@ -223,8 +276,17 @@ def tune(objective: Objective, space: SearchSpace, n_trials: int, *, study_name:
         >>> len(study.trials), study.best_value < 0.01
         (8, True)
     """
-    study = create_study(study_name, n_trials, storage, directions=directions, sampler=sampler,
-                         pruner=pruner, seed=seed, space=space, heartbeat=heartbeat)
+    study = create_study(
+        study_name,
+        n_trials,
+        storage,
+        directions=directions,
+        sampler=sampler,
+        pruner=pruner,
+        seed=seed,
+        space=space,
+        heartbeat=heartbeat,
+    )
     run_worker(study, space, objective, show_progress_bar=show_progress_bar)
     return study
 
@@ -251,7 +313,9 @@ def isolation(study: optuna.Study, scientific: str) -> dict[Any, float]:
         {0.0: 0.4, 0.1: 0.3}
     """
     if len(study.directions) > 1:
-        raise ValueError(f"isolation needs a single-objective study, got {len(study.directions)} objectives")
+        raise ValueError(
+            f"isolation needs a single-objective study, got {len(study.directions)} objectives"
+        )
     pick = min if study.direction == optuna.study.StudyDirection.MINIMIZE else max
     best: dict[Any, float] = {}
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
@@ -286,12 +350,16 @@ def best_trials_text(study: optuna.Study) -> str:
     """
     trials = budget_trials(study)
     n_trials = len(trials) + max(0, (budget_of(study) or 0) - len(trials))
-    counts = {s.name: sum(t.state == s for t in trials)
-              for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
+    counts = {
+        s.name: sum(t.state == s for t in trials)
+        for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    }
     retried = len(study.get_trials(deepcopy=False)) - len(trials)
-    lines = [f"study {study.study_name}: {n_trials} trials, "
-             + ", ".join(f"{n} {k.lower()}" for k, n in counts.items())
-             + (f"; {retried} more failed when their worker died, and ran again" if retried else "")]
+    lines = [
+        f"study {study.study_name}: {n_trials} trials, "
+        + ", ".join(f"{n} {k.lower()}" for k, n in counts.items())
+        + (f"; {retried} more failed when their worker died, and ran again" if retried else "")
+    ]
     if counts["COMPLETE"] == 0:
         return lines[0] + "\nno trial completed"
     best = [study.best_trial] if len(study.directions) == 1 else study.best_trials
@@ -299,6 +367,8 @@ def best_trials_text(study: optuna.Study) -> str:
     lines.append(label + ":")
     for t in sorted(best, key=lambda t: t.values):
         values = ", ".join(f"{v:.4g}" for v in t.values)
-        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items())
+        params = ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items()
+        )
         lines.append(f"  #{t.number}: value {values} | {params}")
     return "\n".join(lines)

@@ -61,7 +61,9 @@ def run_trial(trial: optuna.Trial, space: SearchSpace, objective: Objective) -> 
         >>> study.trials[0].state.name, study.trials[0].user_attrs["reason"]
         ('FAIL', 'diverged: the objective returned [inf]')
     """
-    if trial.user_attrs.get(WORKER_ATTR) != worker_name():  # a trial created by a claim has it already
+    if (
+        trial.user_attrs.get(WORKER_ATTR) != worker_name()
+    ):  # a trial created by a claim has it already
         trial.set_user_attr(WORKER_ATTR, worker_name())
     try:
         result = objective(trial, space.suggest(trial))
@@ -77,7 +79,9 @@ def run_trial(trial: optuna.Trial, space: SearchSpace, objective: Objective) -> 
     try:
         values = [float(v) for v in (result if isinstance(result, (list, tuple)) else [result])]
     except (TypeError, ValueError):
-        error = TypeError(f"the objective must return a number or a list of numbers, got {result!r}")
+        error = TypeError(
+            f"the objective must return a number or a list of numbers, got {result!r}"
+        )
         trial.set_user_attr("reason", f"TypeError: {error}")
         raise error from None
     if not all(math.isfinite(v) for v in values):
@@ -86,9 +90,14 @@ def run_trial(trial: optuna.Trial, space: SearchSpace, objective: Objective) -> 
     return values if len(values) > 1 else values[0]
 
 
-def run_worker(study: optuna.Study, space: SearchSpace, objective: Objective,
-               show_progress_bar: bool = False, reseed: bool = False,
-               timeout: float | None = None) -> dict[str, int]:
+def run_worker(
+    study: optuna.Study,
+    space: SearchSpace,
+    objective: Objective,
+    show_progress_bar: bool = False,
+    reseed: bool = False,
+    timeout: float | None = None,
+) -> dict[str, int]:
     """Run trials of ``study`` until its budget is spent; return this worker's counts by final state.
 
     Many processes, on many machines, may run this on the same storage at once: together they
@@ -148,8 +157,10 @@ def run_worker(study: optuna.Study, space: SearchSpace, objective: Objective,
             current.clear()
             try:
                 with waiting_trials_only():
-                    study.optimize(partial(_tracked, current=current, space=space, objective=objective),
-                                   n_trials=1)
+                    study.optimize(
+                        partial(_tracked, current=current, space=space, objective=objective),
+                        n_trials=1,
+                    )
                 count(current["state"])
             except BudgetSpent:
                 running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
@@ -180,8 +191,9 @@ class _Interrupted(SystemExit):
         self.interrupt = interrupt
 
 
-def _tracked(trial: optuna.Trial, current: dict[str, Any], space: SearchSpace,
-             objective: Objective) -> float | list[float]:
+def _tracked(
+    trial: optuna.Trial, current: dict[str, Any], space: SearchSpace, objective: Objective
+) -> float | list[float]:
     """:func:`run_trial`, noting the trial's number, how it ends (without reading it back from the
     storage), and the exception the objective raised, if any."""
     current.update(number=trial.number, state="FAIL")
@@ -207,8 +219,12 @@ def _log_the_wait(running: list[optuna.trial.FrozenTrial], beat: int, waited_for
     if new:
         waited_for.update(t.number for t in new)
         names = ", ".join(f"#{t.number} ({t.user_attrs.get('worker', 'claimed')})" for t in new)
-        _log.warning("nothing left to claim; waiting for trial %s to finish, or to be silent for %d s "
-                     "and run again here", names, 2 * beat)
+        _log.warning(
+            "nothing left to claim; waiting for trial %s to finish, or to be silent for %d s "
+            "and run again here",
+            names,
+            2 * beat,
+        )
 
 
 def _taken_for_dead(study: optuna.Study, current: dict[str, Any], error: Exception) -> bool:
@@ -222,10 +238,14 @@ def _taken_for_dead(study: optuna.Study, current: dict[str, Any], error: Excepti
     number = current.get("number")
     if number is None or error is current.get("raised"):
         return False
-    trial = study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
+    trial = study._storage.get_trial(
+        study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    )
     if trial.state != TrialState.FAIL:
         return False
-    _log.warning("trial %d was failed as stale while it ran (missed heartbeats); it is queued again", number)
+    _log.warning(
+        "trial %d was failed as stale while it ran (missed heartbeats); it is queued again", number
+    )
     return True
 
 
@@ -242,8 +262,10 @@ def _queue_again(study: optuna.Study, number: int | None) -> None:
             pass
     trials = study.get_trials(deepcopy=False)
     if trials[number].state != TrialState.FAIL or any(
-            t.system_attrs.get(RETRY_ATTR) is not None and t.system_attrs.get("retry_history", [])[-1:] == [number]
-            for t in trials):
+        t.system_attrs.get(RETRY_ATTR) is not None
+        and t.system_attrs.get("retry_history", [])[-1:] == [number]
+        for t in trials
+    ):
         return  # it ended, or it is queued again already
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)

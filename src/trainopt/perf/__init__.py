@@ -58,24 +58,54 @@ from trainopt.perf.profiling import (
     summarize,
 )
 from trainopt.perf.rounding import stochastic_round_to_bf16
-from trainopt.perf.updates import UpdateRatioMonitor
-from trainopt.perf.traced_estimate import estimate_step_memory
 from trainopt.perf.throughput import (
     MemoryNearLimitAlert,
     ThroughputDropAlert,
     ThroughputMonitor,
     read_jsonl,
 )
+from trainopt.perf.traced_estimate import estimate_step_memory
+from trainopt.perf.updates import UpdateRatioMonitor
 
 __all__ = [
     "LoaderWait",  # profiling: the data-loader wait
-    "PRECISIONS", "LiveStorageTracker", "MatmulSettings", "MemoryEstimate", "MemoryNearLimitAlert",
-    "MemoryTracker", "PhaseMemory", "Precision", "PrecisionNotSupportedError", "StepProfiler", "StepTimer",
-    "ThroughputDropAlert", "ThroughputMonitor", "UpdateRatioMonitor", "allocator_settings", "apply_activation_checkpointing",
-    "bytes_per_parameter", "check_supported", "chunked_linear_cross_entropy", "clock_mark", "elapsed_ms", "estimate_step_memory",
+    "PRECISIONS",
+    "LiveStorageTracker",
+    "MatmulSettings",
+    "MemoryEstimate",
+    "MemoryNearLimitAlert",
+    "MemoryTracker",
+    "PhaseMemory",
+    "Precision",
+    "PrecisionNotSupportedError",
+    "StepProfiler",
+    "StepTimer",
+    "ThroughputDropAlert",
+    "ThroughputMonitor",
+    "UpdateRatioMonitor",
+    "allocator_settings",
+    "apply_activation_checkpointing",
+    "bytes_per_parameter",
+    "check_supported",
+    "chunked_linear_cross_entropy",
+    "clock_mark",
+    "elapsed_ms",
+    "estimate_step_memory",
     "estimate_training_memory",
-    "expandable_segments_in_use", "gpt_activation_bytes", "make_scaler", "measure_peak_memory", "mfu", "native_bf16_supported",
+    "expandable_segments_in_use",
+    "gpt_activation_bytes",
+    "make_scaler",
+    "measure_peak_memory",
+    "mfu",
+    "native_bf16_supported",
     "optimizer_state_bytes",
-    "percentile", "profile_steps", "read_jsonl", "record_memory_history", "remove_activation_checkpointing",
-    "saved_activation_bytes", "stochastic_round_to_bf16", "summarize", "supported_precisions",
+    "percentile",
+    "profile_steps",
+    "read_jsonl",
+    "record_memory_history",
+    "remove_activation_checkpointing",
+    "saved_activation_bytes",
+    "stochastic_round_to_bf16",
+    "summarize",
+    "supported_precisions",
 ]

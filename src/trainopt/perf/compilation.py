@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from trainopt.models import GPT, gpt_config, synthetic_batch
-from trainopt.perf.bench.timer import interleaved_windows, spread, warm_up
 from trainopt.perf.bench.results import Results, new_results
+from trainopt.perf.bench.timer import interleaved_windows, spread, warm_up
 from trainopt.perf.precision import Precision
 
 
@@ -92,8 +92,9 @@ class GraphCounter:
         return gm.forward
 
 
-def count_compilations(fn: Callable[..., Any], calls: Iterable[Sequence[Any]],
-                       dynamic: bool | None = None) -> int:
+def count_compilations(
+    fn: Callable[..., Any], calls: Iterable[Sequence[Any]], dynamic: bool | None = None
+) -> int:
     """Graphs Dynamo captures when ``fn`` is compiled and called once with each tuple in ``calls``.
 
     One graph for the first call; each call that a guard rejects (a new shape, dtype, or a
@@ -116,7 +117,9 @@ def count_compilations(fn: Callable[..., Any], calls: Iterable[Sequence[Any]],
     return counter.graphs
 
 
-def compile_repeated_blocks(model: nn.Module, block_type: type[nn.Module], **compile_kwargs: Any) -> int:
+def compile_repeated_blocks(
+    model: nn.Module, block_type: type[nn.Module], **compile_kwargs: Any
+) -> int:
     """Compile every submodule of type ``block_type`` in place (``nn.Module.compile``); return how many.
 
     Regional compilation: the blocks of a transformer share their code, so Dynamo traces one
@@ -151,7 +154,9 @@ def _timed_first_step(step: Callable[[], Any], device: torch.device) -> float:
     return time.perf_counter() - begin
 
 
-def _train_step(model: nn.Module, precision: Precision, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+def _train_step(
+    model: nn.Module, precision: Precision, x: torch.Tensor, y: torch.Tensor
+) -> Callable[[], None]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def step() -> None:
@@ -164,10 +169,20 @@ def _train_step(model: nn.Module, precision: Precision, x: torch.Tensor, y: torc
     return step
 
 
-def measure_compile(size: str = "tiny", device: str | torch.device = "cpu", batch_size: int = 8,
-                    seq_len: int | None = None, modes: Sequence[str] = ("default",), backend: str = "inductor",
-                    steps: int = 5, windows: int = 3, warmup_steps: int = 2, max_warmup_steps: int = 30,
-                    command: str | None = None, note: str | None = None) -> Results:
+def measure_compile(
+    size: str = "tiny",
+    device: str | torch.device = "cpu",
+    batch_size: int = 8,
+    seq_len: int | None = None,
+    modes: Sequence[str] = ("default",),
+    backend: str = "inductor",
+    steps: int = 5,
+    windows: int = 3,
+    warmup_steps: int = 2,
+    max_warmup_steps: int = 30,
+    command: str | None = None,
+    note: str | None = None,
+) -> Results:
     """Compile time and steady-state training step of the GPT, eager against each compile ``mode``.
 
     Each variant trains its own copy of one model on one batch (AdamW, bf16 autocast on CUDA,
@@ -194,12 +209,27 @@ def measure_compile(size: str = "tiny", device: str | torch.device = "cpu", batc
     seq_len = seq_len or config.block_size
     torch.manual_seed(0)
     base = GPT(config).to(device)
-    x, y = synthetic_batch(config, batch_size=batch_size, seq_len=seq_len, device=device,
-                           generator=torch.Generator().manual_seed(0))
+    x, y = synthetic_batch(
+        config,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        device=device,
+        generator=torch.Generator().manual_seed(0),
+    )
     precision = Precision.from_name("bf16" if device.type == "cuda" else "fp32", device)
     report = graph_breaks(copy.deepcopy(base), x, targets=y)
-    results = new_results("compile", device, command=command, note=note, size=size, batch_size=batch_size,
-                          seq_len=seq_len, backend=backend, steps_per_window=steps, windows=windows)
+    results = new_results(
+        "compile",
+        device,
+        command=command,
+        note=note,
+        size=size,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        backend=backend,
+        steps_per_window=steps,
+        windows=windows,
+    )
     rows: list[dict[str, Any]] = []
     steps_by_mode: dict[str, Callable[[], None]] = {}
     torch._dynamo.reset()
@@ -207,16 +237,25 @@ def measure_compile(size: str = "tiny", device: str | torch.device = "cpu", batc
         held = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         model = copy.deepcopy(base)
         if mode != "eager":
-            model = torch.compile(model, backend=backend, **({"mode": mode} if backend == "inductor" else {}))
+            model = torch.compile(
+                model, backend=backend, **({"mode": mode} if backend == "inductor" else {})
+            )
         step = steps_by_mode[mode] = _train_step(model, precision, x, y)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         first = _timed_first_step(step, device)
         warm_up(step, device, min_steps=warmup_steps, window=steps, max_steps=max_warmup_steps)
-        rows.append({"mode": mode, "compile_s": None if mode == "eager" else first,
-                     "graphs": 0 if mode == "eager" else report.graphs,
-                     "graph_breaks": 0 if mode == "eager" else report.graph_breaks,
-                     "peak_bytes": torch.cuda.max_memory_allocated(device) - held if device.type == "cuda" else None})
+        rows.append(
+            {
+                "mode": mode,
+                "compile_s": None if mode == "eager" else first,
+                "graphs": 0 if mode == "eager" else report.graphs,
+                "graph_breaks": 0 if mode == "eager" else report.graph_breaks,
+                "peak_bytes": torch.cuda.max_memory_allocated(device) - held
+                if device.type == "cuda"
+                else None,
+            }
+        )
     # interleaved windows: a change in the machine's load hits every variant alike
     times = interleaved_windows(steps_by_mode, device, steps, windows)
     for row in rows:
@@ -225,7 +264,9 @@ def measure_compile(size: str = "tiny", device: str | torch.device = "cpu", batc
     for row in rows:
         row["speedup"] = eager / row["step_s"]["median"]
         saved = eager - row["step_s"]["median"]
-        row["break_even_steps"] = row["compile_s"] / saved if row["compile_s"] is not None and saved > 0 else None
+        row["break_even_steps"] = (
+            row["compile_s"] / saved if row["compile_s"] is not None and saved > 0 else None
+        )
     torch._dynamo.reset()
     results["rows"] = rows
     return results

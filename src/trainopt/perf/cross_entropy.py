@@ -15,30 +15,42 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from trainopt.validation import check_int
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                ignore_index: int, chunk_size: int, reduction: str) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        ignore_index: int,
+        chunk_size: int,
+        reduction: str,
+    ) -> torch.Tensor:
         counted = targets != ignore_index
         count = counted.sum() if reduction == "mean" else torch.ones((), device=targets.device)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if hidden.requires_grad else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if weight.requires_grad else None
+        grad_weight = (
+            torch.zeros_like(weight, dtype=torch.float32) if weight.requires_grad else None
+        )
         for start in range(0, hidden.shape[0], chunk_size):
-            h, t, keep = (v[start:start + chunk_size] for v in (hidden, targets, counted))
+            h, t, keep = (v[start : start + chunk_size] for v in (hidden, targets, counted))
             logits = (h @ weight.T).float()  # matmul in the input's dtype, loss in fp32
             safe_t = torch.where(keep, t, 0).unsqueeze(1)
             log_z = torch.logsumexp(logits, dim=1)
             total += ((log_z - logits.gather(1, safe_t).squeeze(1)) * keep).sum()
             # d loss / d logits = softmax - one_hot, zero on ignored tokens, over the count
             grad_logits = logits.sub_(log_z.unsqueeze(1)).exp_()
-            grad_logits.scatter_add_(1, safe_t, torch.full_like(safe_t, -1, dtype=grad_logits.dtype))
+            grad_logits.scatter_add_(
+                1, safe_t, torch.full_like(safe_t, -1, dtype=grad_logits.dtype)
+            )
             grad_logits.mul_((keep / count).unsqueeze(1))
             if grad_hidden is not None:
-                grad_hidden[start:start + chunk_size] = grad_logits.to(weight.dtype) @ weight
+                grad_hidden[start : start + chunk_size] = grad_logits.to(weight.dtype) @ weight
             if grad_weight is not None:
                 grad_weight.addmm_(grad_logits.T, h.float())
             del logits, grad_logits
@@ -56,9 +68,14 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None, None
 
 
-def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                                 chunk_size: int = 1024, ignore_index: int = -100,
-                                 reduction: str = "mean") -> torch.Tensor:
+def chunked_linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_size: int = 1024,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> torch.Tensor:
     """``F.cross_entropy(hidden @ weight.T, targets)`` a chunk of tokens at a time.
 
     The forward pass computes the loss and both gradients chunk by chunk (logits, their
@@ -91,7 +108,10 @@ def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, tar
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     check_int("chunk_size", chunk_size, 1)
     if targets.shape != hidden.shape[:-1]:
-        raise ValueError(f"targets must have shape {tuple(hidden.shape[:-1])}, got {tuple(targets.shape)}")
+        raise ValueError(
+            f"targets must have shape {tuple(hidden.shape[:-1])}, got {tuple(targets.shape)}"
+        )
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
-    return _ChunkedLinearCrossEntropy.apply(flat_hidden, weight, targets.reshape(-1), ignore_index,
-                                            chunk_size, reduction)
+    return _ChunkedLinearCrossEntropy.apply(
+        flat_hidden, weight, targets.reshape(-1), ignore_index, chunk_size, reduction
+    )

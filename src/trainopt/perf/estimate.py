@@ -11,8 +11,8 @@ tests hold the estimate to it within 5%.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,7 +22,9 @@ from trainopt.config.optimizers import OPTIMIZERS
 from trainopt.config.precisions import PRECISIONS
 from trainopt.validation import check_int
 
-OPTIMIZER_STATE_BYTES: dict[str, int] = {name: kind.state_bytes for name, kind in OPTIMIZERS.items()}
+OPTIMIZER_STATE_BYTES: dict[str, int] = {
+    name: kind.state_bytes for name, kind in OPTIMIZERS.items()
+}
 """Bytes of fp32 state per parameter element, by the name of the one vocabulary (``trainopt.config.optimizers``)."""
 
 
@@ -36,8 +38,11 @@ cuBLASLt workspaces (up to 32 MiB each per stream on Hopper) and kernel scratch.
 lazy-loaded kernels) is outside the allocator: add it when you compare with ``nvidia-smi``."""
 
 
-def bytes_per_parameter(optimizer: str = "adamw", weights_dtype: torch.dtype = torch.float32,
-                        master_weights: bool = False) -> dict[str, int]:
+def bytes_per_parameter(
+    optimizer: str = "adamw",
+    weights_dtype: torch.dtype = torch.float32,
+    master_weights: bool = False,
+) -> dict[str, int]:
     """Bytes each parameter costs in training, by kind.
 
     Autocast (``bf16``/``fp16`` precision here) keeps fp32 weights, so it changes nothing in
@@ -57,17 +62,27 @@ def bytes_per_parameter(optimizer: str = "adamw", weights_dtype: torch.dtype = t
         16
     """
     if optimizer not in OPTIMIZER_STATE_BYTES:
-        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATE_BYTES)}, got {optimizer!r}")
+        raise ValueError(
+            f"optimizer must be one of {sorted(OPTIMIZER_STATE_BYTES)}, got {optimizer!r}"
+        )
     size = torch.empty((), dtype=weights_dtype).element_size()
-    return {"weights": size, "gradients": size, "optimizer_states": OPTIMIZER_STATE_BYTES[optimizer],
-            "master_weights": 4 if master_weights else 0}
+    return {
+        "weights": size,
+        "gradients": size,
+        "optimizer_states": OPTIMIZER_STATE_BYTES[optimizer],
+        "master_weights": 4 if master_weights else 0,
+    }
 
 
 STATE_OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw8bit", "adafactor")
 
 
-def optimizer_state_bytes(parameters: Iterable[torch.Tensor], optimizer: str = "adamw",
-                          block_size: int = 256, min_8bit_size: int = 4096) -> int:
+def optimizer_state_bytes(
+    parameters: Iterable[torch.Tensor],
+    optimizer: str = "adamw",
+    block_size: int = 256,
+    min_8bit_size: int = 4096,
+) -> int:
     """Bytes of optimizer state for ``parameters``, from their shapes alone (``meta`` works).
 
     - ``"adamw"``: two fp32 moments and a 4-byte step per tensor, as ``torch.optim.AdamW``.
@@ -104,8 +119,13 @@ def optimizer_state_bytes(parameters: Iterable[torch.Tensor], optimizer: str = "
     return total
 
 
-def gpt_activation_bytes(config: Any, batch_size: int, seq_len: int, precision: str = "bf16",
-                         checkpointed_layers: int = 0) -> dict[str, int]:
+def gpt_activation_bytes(
+    config: Any,
+    batch_size: int,
+    seq_len: int,
+    precision: str = "bf16",
+    checkpointed_layers: int = 0,
+) -> dict[str, int]:
     """Bytes autograd saves in the forward of :class:`trainopt.models.GPT`, by part.
 
     With ``n = batch_size · seq_len`` tokens, width ``h``, ``H`` heads, vocabulary ``V`` and
@@ -128,7 +148,9 @@ def gpt_activation_bytes(config: Any, batch_size: int, seq_len: int, precision: 
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
     if not 0 <= checkpointed_layers <= config.n_layer:
-        raise ValueError(f"checkpointed_layers must be in [0, {config.n_layer}], got {checkpointed_layers=}")
+        raise ValueError(
+            f"checkpointed_layers must be in [0, {config.n_layer}], got {checkpointed_layers=}"
+        )
     a = 2 if precision in ("bf16", "fp16") else 4
     n, h, heads, vocab = batch_size * seq_len, config.n_embd, config.n_head, config.vocab_size
     stored_layers = config.n_layer - checkpointed_layers
@@ -208,16 +230,31 @@ def _block_backward(config: Any, n: int, seq_len: int, a: int, every: int, bias:
     projection = 4 * 4 * h * h + (2 * 4 * h * h if a == 2 else 0)
     best = 0
     for i in reversed(range(config.n_layer)):
-        live = (sum(saved[:i]) + full + cast * (i + 1) + 4 * vocab * h + layer_norm
-                + (config.n_layer - 1 - i) * block_grads + 4 * n * h + projection + a * 4 * n * h)
+        live = (
+            sum(saved[:i])
+            + full
+            + cast * (i + 1)
+            + 4 * vocab * h
+            + layer_norm
+            + (config.n_layer - 1 - i) * block_grads
+            + 4 * n * h
+            + projection
+            + a * 4 * n * h
+        )
         best = max(best, live)
     return best + 8 * seq_len  # the position ids the embedding keeps
 
 
-def estimate_training_memory(model: nn.Module, precision: str = "bf16", optimizer: str = "adamw",
-                             batch_size: int = 8, seq_len: int | None = None, checkpoint_every: int = 0,
-                             implementation: str = "foreach",
-                             device: str | torch.device | None = None) -> MemoryEstimate:
+def estimate_training_memory(
+    model: nn.Module,
+    precision: str = "bf16",
+    optimizer: str = "adamw",
+    batch_size: int = 8,
+    seq_len: int | None = None,
+    checkpoint_every: int = 0,
+    implementation: str = "foreach",
+    device: str | torch.device | None = None,
+) -> MemoryEstimate:
     """Estimate the peak memory of a steady-state training step of a :class:`trainopt.models.GPT`.
 
     A formula for this one model; for any other ``nn.Module``,
@@ -262,11 +299,15 @@ def estimate_training_memory(model: nn.Module, precision: str = "bf16", optimize
         'loss backward'
     """
     if implementation not in OPTIMIZER_IMPLEMENTATIONS:
-        raise ValueError(f"implementation must be one of {list(OPTIMIZER_IMPLEMENTATIONS)}, got {implementation!r}")
+        raise ValueError(
+            f"implementation must be one of {list(OPTIMIZER_IMPLEMENTATIONS)}, got {implementation!r}"
+        )
     check_int("checkpoint_every", checkpoint_every, 0)
     if type(model).__name__ != "GPT" or not hasattr(model, "config"):
-        raise TypeError(f"estimate_training_memory counts the parts of trainopt.models.GPT, got a {type(model).__name__}; "
-                        "for any nn.Module use trainopt.perf.estimate_step_memory(model, example_batch, ...)")
+        raise TypeError(
+            f"estimate_training_memory counts the parts of trainopt.models.GPT, got a {type(model).__name__}; "
+            "for any nn.Module use trainopt.perf.estimate_step_memory(model, example_batch, ...)"
+        )
     config = model.config
     seq_len = seq_len or config.block_size
     n, vocab, h = batch_size * seq_len, config.vocab_size, config.n_embd
@@ -283,15 +324,23 @@ def estimate_training_memory(model: nn.Module, precision: str = "bf16", optimize
     phases = {
         "forward": static + saved + a * n * vocab + (4 * n * vocab if a == 2 else 0),
         "loss backward": static + saved + 8 * n * vocab,
-        "block backward": static + tokens + _block_backward(config, n, seq_len, a, checkpoint_every, config.bias),
+        "block backward": static
+        + tokens
+        + _block_backward(config, n, seq_len, a, checkpoint_every, config.bias),
         "end of backward": static + tokens + gradients + (8 * vocab * h if tied else 0),
-        "optimizer step": static + tokens + gradients + _optimizer_temporaries(model, optimizer, implementation),
+        "optimizer step": static
+        + tokens
+        + gradients
+        + _optimizer_temporaries(model, optimizer, implementation),
     }
     device = torch.device(device) if device is not None else next(model.parameters()).device
     return MemoryEstimate(
-        weights=weights, gradients=gradients,
+        weights=weights,
+        gradients=gradients,
         optimizer_states=per_param["optimizer_states"] * n_params,
         master_weights=per_param["master_weights"] * n_params,
-        activations=parts["blocks"] + parts["head"], weight_casts=parts["weight_casts"],
-        phases=phases, workspace=CUDA_WORKSPACE_BYTES if device.type == "cuda" else 0,
+        activations=parts["blocks"] + parts["head"],
+        weight_casts=parts["weight_casts"],
+        phases=phases,
+        workspace=CUDA_WORKSPACE_BYTES if device.type == "cuda" else 0,
     )

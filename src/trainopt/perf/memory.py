@@ -13,15 +13,22 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
 from trainopt.validation import check_int
 
 _CHECKPOINTED = "_trainopt_checkpointed_forward"
 
 
 def _matmul_and_attention_ops() -> set[Any]:
-    names = ["mm", "addmm", "bmm", "_scaled_dot_product_flash_attention",
-             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-             "_scaled_dot_product_flash_attention_for_cpu"]
+    names = [
+        "mm",
+        "addmm",
+        "bmm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    ]
     return {getattr(torch.ops.aten, n).default for n in names if hasattr(torch.ops.aten, n)}
 
 
@@ -79,7 +86,9 @@ def apply_activation_checkpointing(
     elif callable(modules):
         predicate = modules
     else:
-        raise TypeError(f"modules must be a module type, a tuple of types or a predicate, got {modules!r}")
+        raise TypeError(
+            f"modules must be a module type, a tuple of types or a predicate, got {modules!r}"
+        )
     context_fn = _selective_context_fn() if selective else None
     matches = [(name, m) for name, m in model.named_modules() if name and predicate(m)]
     chosen = matches[::every]
@@ -209,12 +218,14 @@ class MemoryTracker:
             self.phases.append(PhaseMemory(name, None, None, None))
             return
         torch.cuda.synchronize(self.device)
-        self.phases.append(PhaseMemory(
-            name,
-            torch.cuda.memory_allocated(self.device),
-            torch.cuda.memory_reserved(self.device),
-            torch.cuda.max_memory_allocated(self.device),
-        ))
+        self.phases.append(
+            PhaseMemory(
+                name,
+                torch.cuda.memory_allocated(self.device),
+                torch.cuda.memory_reserved(self.device),
+                torch.cuda.max_memory_allocated(self.device),
+            )
+        )
 
     @property
     def peak(self) -> int | None:
@@ -226,15 +237,22 @@ class MemoryTracker:
         """The phases as a Markdown table in MiB (or a note that stats are unavailable)."""
         if not self.available:
             return f"CUDA memory statistics are unavailable on {self.device.type!r}."
-        rows = ["| phase | allocated (MiB) | reserved (MiB) | peak (MiB) |", "| --- | ---: | ---: | ---: |"]
-        rows += [f"| {p.phase} | {p.allocated / 2**20:,.0f} | {p.reserved / 2**20:,.0f} | "
-                 f"{p.peak / 2**20:,.0f} |" for p in self.phases]
+        rows = [
+            "| phase | allocated (MiB) | reserved (MiB) | peak (MiB) |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        rows += [
+            f"| {p.phase} | {p.allocated / 2**20:,.0f} | {p.reserved / 2**20:,.0f} | "
+            f"{p.peak / 2**20:,.0f} |"
+            for p in self.phases
+        ]
         return "\n".join(rows)
 
 
 @contextlib.contextmanager
-def record_memory_history(path: str | Path, max_entries: int = 100_000,
-                          device: str | torch.device = "cuda") -> Iterator[Path]:
+def record_memory_history(
+    path: str | Path, max_entries: int = 100_000, device: str | torch.device = "cuda"
+) -> Iterator[Path]:
     """Record every CUDA allocation in the block and dump a snapshot to ``path`` on exit.
 
     Open the file at https://pytorch.org/memory_viz (drag and drop) to see each allocation
@@ -269,8 +287,10 @@ def record_memory_history(path: str | Path, max_entries: int = 100_000,
         .. skip: end
     """
     if torch.device(device).type != "cuda":
-        raise ValueError(f"record_memory_history records CUDA allocations: device must be a CUDA device, "
-                         f"got {str(device)!r}")
+        raise ValueError(
+            f"record_memory_history records CUDA allocations: device must be a CUDA device, "
+            f"got {str(device)!r}"
+        )
     if not torch.cuda.is_available():
         raise RuntimeError("record_memory_history needs CUDA: torch.cuda.is_available() is False")
     path = Path(path)
@@ -337,7 +357,9 @@ def expandable_segments_in_use(segments: list[dict[str, Any]] | None = None) -> 
     """
     if segments is None:
         if not torch.cuda.is_available():
-            raise RuntimeError("expandable_segments_in_use needs CUDA: torch.cuda.is_available() is False")
+            raise RuntimeError(
+                "expandable_segments_in_use needs CUDA: torch.cuda.is_available() is False"
+            )
         probe = torch.empty(1, device="cuda")
         segments = torch.cuda.memory_snapshot()
         del probe

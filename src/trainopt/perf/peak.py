@@ -76,7 +76,9 @@ class LiveStorageTracker(TorchDispatchMode):
             self._live.remove(key)
             self.current -= size
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         out = func(*args, **(kwargs or {}))
         for value in tree_flatten(out)[0]:
             if isinstance(value, torch.Tensor):
@@ -84,7 +86,9 @@ class LiveStorageTracker(TorchDispatchMode):
         return out
 
 
-def training_state(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> Iterator[torch.Tensor]:
+def training_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> Iterator[torch.Tensor]:
     """The tensors a training step keeps between steps: parameters, gradients, optimizer state.
 
     Example:
@@ -106,8 +110,13 @@ def training_state(model: nn.Module, optimizer: torch.optim.Optimizer | None = N
             yield from (value for value in state.values() if isinstance(value, torch.Tensor))
 
 
-def measure_peak_memory(step: Callable[[], Any], model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                        inputs: Iterable[torch.Tensor] = (), device: str | torch.device = "cpu") -> int:
+def measure_peak_memory(
+    step: Callable[[], Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    inputs: Iterable[torch.Tensor] = (),
+    device: str | torch.device = "cpu",
+) -> int:
     """Peak bytes of tensor storage alive during one call of ``step`` (on any device).
 
     Counts the model's parameters, gradients and optimizer state, the ``inputs`` and everything

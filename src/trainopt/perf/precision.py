@@ -138,7 +138,9 @@ def _unsupported_reason(name: str, device: torch.device) -> str | None:
     return None
 
 
-def make_scaler(kind: str, device_type: str, init_scale: float = 2.0**16, growth_interval: int = 2000) -> Any:
+def make_scaler(
+    kind: str, device_type: str, init_scale: float = 2.0**16, growth_interval: int = 2000
+) -> Any:
     """A dynamic loss scaler: ``"trainopt"`` (:class:`~trainopt.stability.scaling.DynamicLossScaler`)
     or ``"torch"`` (``torch.amp.GradScaler``); both have GradScaler's interface.
 
@@ -152,7 +154,9 @@ def make_scaler(kind: str, device_type: str, init_scale: float = 2.0**16, growth
     if kind not in SCALERS:
         raise ValueError(f"scaler must be one of {list(SCALERS)}, got {kind!r}")
     if kind == "torch":
-        return torch.amp.GradScaler(device_type, init_scale=init_scale, growth_interval=growth_interval)
+        return torch.amp.GradScaler(
+            device_type, init_scale=init_scale, growth_interval=growth_interval
+        )
     from trainopt.stability.scaling import DynamicLossScaler
 
     return DynamicLossScaler(init_scale=init_scale, growth_interval=growth_interval)
@@ -228,8 +232,13 @@ class Precision:
 
     @classmethod
     def from_name(
-        cls, name: str, device: str | torch.device = "cpu", *, init_scale: float = 2.0**16,
-        growth_interval: int = 2000, scaler: str = "trainopt",
+        cls,
+        name: str,
+        device: str | torch.device = "cpu",
+        *,
+        init_scale: float = 2.0**16,
+        growth_interval: int = 2000,
+        scaler: str = "trainopt",
     ) -> Precision:
         """Set up precision ``name`` for ``device`` after checking the hardware supports it.
 
@@ -262,7 +271,11 @@ class Precision:
         check_supported(name, device)
         device_type = torch.device(device).type
         matmul = MatmulSettings("high" if name == "tf32" else "highest", name == "tf32")
-        loss_scaler = make_scaler(scaler, device_type, init_scale, growth_interval) if name == "fp16" else None
+        loss_scaler = (
+            make_scaler(scaler, device_type, init_scale, growth_interval)
+            if name == "fp16"
+            else None
+        )
         return cls(name, device_type, AUTOCAST_DTYPES[name], matmul, loss_scaler)
 
     def autocast(self) -> torch.autocast:

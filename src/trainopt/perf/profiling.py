@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
+
 from trainopt.validation import check_int
 
 
@@ -134,7 +135,7 @@ class StepTimer:
 
     def times_ms(self) -> list[float]:
         """Step times in milliseconds after warm-up (synchronises once on CUDA)."""
-        pairs = self._pairs[self.warmup:]
+        pairs = self._pairs[self.warmup :]
         if self.use_cuda_events and pairs:
             pairs[-1][1].synchronize()
         return [elapsed_ms(start, end) for start, end in pairs]
@@ -229,12 +230,25 @@ class StepProfiler:
         True
     """
 
-    def __init__(self, device: str | torch.device = "cpu", *, wait: int = 1, warmup: int = 1,
-                 active: int = 3, repeat: int = 1, trace_dir: str | Path | None = None,
-                 record_shapes: bool = False, profile_memory: bool = False,
-                 with_stack: bool = False) -> None:
-        for name, value, low in (("wait", wait, 0), ("warmup", warmup, 0), ("active", active, 1),
-                                 ("repeat", repeat, 1)):
+    def __init__(
+        self,
+        device: str | torch.device = "cpu",
+        *,
+        wait: int = 1,
+        warmup: int = 1,
+        active: int = 3,
+        repeat: int = 1,
+        trace_dir: str | Path | None = None,
+        record_shapes: bool = False,
+        profile_memory: bool = False,
+        with_stack: bool = False,
+    ) -> None:
+        for name, value, low in (
+            ("wait", wait, 0),
+            ("warmup", warmup, 0),
+            ("active", active, 1),
+            ("repeat", repeat, 1),
+        ):
             check_int(name, value, low)
         self.device = torch.device(device)
         self.total_steps = (wait + warmup + active) * repeat
@@ -244,7 +258,11 @@ class StepProfiler:
         if self.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
         # Keep the operator statistics of every cycle, not only the last (torch >= 2.4).
-        keep = {"acc_events": True} if repeat > 1 and "acc_events" in inspect.signature(profile).parameters else {}
+        keep = (
+            {"acc_events": True}
+            if repeat > 1 and "acc_events" in inspect.signature(profile).parameters
+            else {}
+        )
         self._profile = profile(
             **keep,
             activities=activities,
@@ -293,7 +311,9 @@ class StepProfiler:
 
 
 def _self_device_us(event: Any) -> float:
-    return float(getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0.0)))
+    return float(
+        getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0.0))
+    )
 
 
 def _has_device_time() -> bool:
@@ -302,8 +322,9 @@ def _has_device_time() -> bool:
     return hasattr(FunctionEventAvg(), "self_device_time_total")
 
 
-def profile_steps(step_fn: Callable[[], Any], device: str | torch.device = "cpu",
-                  **kwargs: Any) -> StepProfiler:
+def profile_steps(
+    step_fn: Callable[[], Any], device: str | torch.device = "cpu", **kwargs: Any
+) -> StepProfiler:
     """Run ``step_fn`` under a :class:`StepProfiler` for its full schedule and return it.
 
     Example:

@@ -14,7 +14,9 @@ import torch
 _HIGH_HALF = -(1 << 16)  # int32 0xFFFF0000: the bits that bf16 keeps of an fp32 number
 
 
-def stochastic_round_to_bf16(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def stochastic_round_to_bf16(
+    x: torch.Tensor, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Round ``x`` to bf16, up or down at random, so that ``E[result] = x``.
 
     A bf16 number is the high 16 bits of an fp32 one. Adding a uniform random integer in
@@ -36,7 +38,9 @@ def stochastic_round_to_bf16(x: torch.Tensor, generator: torch.Generator | None 
         ([1.0, 1.0078125], 0.25)
     """
     x = x.float().contiguous()
-    noise = torch.randint(0, 1 << 16, x.shape, dtype=torch.int32, device=x.device, generator=generator)
+    noise = torch.randint(
+        0, 1 << 16, x.shape, dtype=torch.int32, device=x.device, generator=generator
+    )
     bits = (x.view(torch.int32) + noise) & _HIGH_HALF
     rounded = bits.view(torch.float32).to(torch.bfloat16)  # exact: the low 16 bits are zero
     return torch.where(torch.isnan(x), x.to(torch.bfloat16), rounded)

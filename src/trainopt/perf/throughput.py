@@ -46,8 +46,10 @@ class ThroughputDropAlert:
     def __call__(self, record: dict[str, Any], history: Sequence[dict[str, Any]]) -> str | None:
         best = max((r["tokens_per_s"] for r in history), default=None)
         if best and record["tokens_per_s"] < self.fraction * best:
-            return (f"throughput dropped to {record['tokens_per_s']:,.0f} tokens/s at step "
-                    f"{record['step']}, below {self.fraction:.0%} of the best {best:,.0f}")
+            return (
+                f"throughput dropped to {record['tokens_per_s']:,.0f} tokens/s at step "
+                f"{record['step']}, below {self.fraction:.0%} of the best {best:,.0f}"
+            )
         return None
 
 
@@ -69,10 +71,15 @@ class MemoryNearLimitAlert:
     limit_bytes: int | None = None
 
     def __call__(self, record: dict[str, Any], history: Sequence[dict[str, Any]]) -> str | None:
-        peak, limit = record.get("memory_peak_bytes"), self.limit_bytes or record.get("memory_total_bytes")
+        peak, limit = (
+            record.get("memory_peak_bytes"),
+            self.limit_bytes or record.get("memory_total_bytes"),
+        )
         if peak is not None and limit and peak > self.fraction * limit:
-            return (f"peak memory {peak / 2**30:.2f} GiB at step {record['step']} is above "
-                    f"{self.fraction:.0%} of {limit / 2**30:.2f} GiB")
+            return (
+                f"peak memory {peak / 2**30:.2f} GiB at step {record['step']} is above "
+                f"{self.fraction:.0%} of {limit / 2**30:.2f} GiB"
+            )
         return None
 
 
@@ -124,12 +131,22 @@ class ThroughputMonitor:
         (2, True)
     """
 
-    def __init__(self, tokens_per_step: int, *, samples_per_step: int | None = None,
-                 flops_per_token: float | None = None, peak_flops: float | None = None,
-                 precision: str = "bf16", device: str | torch.device = "cpu", log_every: int = 10,
-                 jsonl_path: str | Path | None = None, tensorboard_dir: str | Path | None = None,
-                 writer: Any = None, alerts: Sequence[Callable[..., str | None]] = (),
-                 on_alert: Callable[[str], None] = warn_alert) -> None:
+    def __init__(
+        self,
+        tokens_per_step: int,
+        *,
+        samples_per_step: int | None = None,
+        flops_per_token: float | None = None,
+        peak_flops: float | None = None,
+        precision: str = "bf16",
+        device: str | torch.device = "cpu",
+        log_every: int = 10,
+        jsonl_path: str | Path | None = None,
+        tensorboard_dir: str | Path | None = None,
+        writer: Any = None,
+        alerts: Sequence[Callable[..., str | None]] = (),
+        on_alert: Callable[[str], None] = warn_alert,
+    ) -> None:
         check_int("tokens_per_step", tokens_per_step, 1)
         check_int("log_every", log_every, 1)
         self.device = torch.device(device)
@@ -185,17 +202,23 @@ class ThroughputMonitor:
             "steps": len(times),
             "step_time_median_ms": percentile(times, 50),
             "step_time_p90_ms": percentile(times, 90),
-            "tokens_per_s": self.tokens_per_step * len(times) / seconds if seconds > 0 else float("inf"),
+            "tokens_per_s": self.tokens_per_step * len(times) / seconds
+            if seconds > 0
+            else float("inf"),
         }
         if self.samples_per_step is not None:
-            record["samples_per_s"] = record["tokens_per_s"] * self.samples_per_step / self.tokens_per_step
+            record["samples_per_s"] = (
+                record["tokens_per_s"] * self.samples_per_step / self.tokens_per_step
+            )
         if self.flops_per_token is not None and self.peak:
             record["mfu"] = mfu(self.flops_per_token, record["tokens_per_s"], self.peak)
         if self.cuda:  # host-side allocator counters: reading them does not sync
             record["memory_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
             record["memory_peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
             record["memory_reserved_bytes"] = torch.cuda.memory_reserved(self.device)
-            record["memory_total_bytes"] = torch.cuda.get_device_properties(self.device).total_memory
+            record["memory_total_bytes"] = torch.cuda.get_device_properties(
+                self.device
+            ).total_memory
             torch.cuda.reset_peak_memory_stats(self.device)
         for alert in self.alerts:
             message = alert(record, self.records)
@@ -230,8 +253,11 @@ def _tensorboard_writer(log_dir: str | Path | None) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        warnings.warn("tensorboard is not installed (pip install tensorboard): writing JSONL only",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            "tensorboard is not installed (pip install tensorboard): writing JSONL only",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return None
     return SummaryWriter(log_dir=str(log_dir))
 

@@ -35,15 +35,18 @@ from trainopt.perf.peak import LiveStorageTracker
 
 _RATES = {"adamw": 1e-3, "adam": 1e-3, "sgd": 1e-2, "sgd_momentum": 1e-2}
 OPTIMIZERS: dict[str, Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]] = {
-    name: functools.partial(kind.build, lr=_RATES[name]) for name, kind in _KINDS.items()}
+    name: functools.partial(kind.build, lr=_RATES[name]) for name, kind in _KINDS.items()
+}
 """The optimizers :func:`estimate_step_memory` builds by name, with torch's default kernels."""
 
 
 Checkpointing = type | tuple | Callable[[nn.Module], bool] | Iterable[str | nn.Module] | None
 
 
-def make_optimizer(optimizer: str | Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer],
-                   params: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
+def make_optimizer(
+    optimizer: str | Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer],
+    params: Iterable[torch.Tensor],
+) -> torch.optim.Optimizer:
     """The optimizer ``optimizer`` names (:data:`OPTIMIZERS`), or ``optimizer(params)`` for a factory.
 
     Example:
@@ -58,19 +61,27 @@ def make_optimizer(optimizer: str | Callable[[Iterable[torch.Tensor]], torch.opt
     if callable(optimizer):
         return optimizer(params)
     if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)} or a callable params -> Optimizer, "
-                         f"got {optimizer!r}")
+        raise ValueError(
+            f"optimizer must be one of {sorted(OPTIMIZERS)} or a callable params -> Optimizer, "
+            f"got {optimizer!r}"
+        )
     return OPTIMIZERS[optimizer](params)
 
 
-def _checkpoint_predicate(model: nn.Module, checkpointing: Checkpointing) -> Callable[[nn.Module], bool]:
-    if isinstance(checkpointing, (type, tuple)) or (callable(checkpointing) and not isinstance(checkpointing, nn.Module)):
+def _checkpoint_predicate(
+    model: nn.Module, checkpointing: Checkpointing
+) -> Callable[[nn.Module], bool]:
+    if isinstance(checkpointing, (type, tuple)) or (
+        callable(checkpointing) and not isinstance(checkpointing, nn.Module)
+    ):
         return checkpointing  # type: ignore[return-value]
     modules = dict(model.named_modules())
     chosen = []
     for item in checkpointing:  # type: ignore[union-attr]
         if isinstance(item, str) and item not in modules:
-            raise ValueError(f"checkpointing: no submodule named {item!r} in {type(model).__name__}")
+            raise ValueError(
+                f"checkpointing: no submodule named {item!r} in {type(model).__name__}"
+            )
         chosen.append(modules[item] if isinstance(item, str) else item)
     return lambda module: any(module is c for c in chosen)
 
@@ -109,7 +120,9 @@ def checkpointed(model: nn.Module, checkpointing: Checkpointing) -> Iterator[lis
             delattr(modules[name], _CHECKPOINTED)
 
 
-def model_loss(output: Any, targets: Any = None, loss_fn: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+def model_loss(
+    output: Any, targets: Any = None, loss_fn: Callable[..., torch.Tensor] | None = None
+) -> torch.Tensor:
     """The loss of one forward pass: ``loss_fn(output[, targets])``, or the model's own loss.
 
     Without ``loss_fn``, the output must be the loss (a one-element tensor) or carry it, as a
@@ -130,8 +143,10 @@ def model_loss(output: Any, targets: Any = None, loss_fn: Callable[..., torch.Te
     loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", output)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-        raise ValueError(f"loss_fn: the model returned {shape}, not a loss; pass loss_fn= (and targets=), "
-                         "e.g. loss_fn=torch.nn.functional.cross_entropy")
+        raise ValueError(
+            f"loss_fn: the model returned {shape}, not a loss; pass loss_fn= (and targets=), "
+            "e.g. loss_fn=torch.nn.functional.cross_entropy"
+        )
     return loss
 
 
@@ -164,7 +179,9 @@ class _StepTracker(LiveStorageTracker):
         self._weights = {id(w) for w in weights}
         self.casts: dict[int, int] = {}
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if func is torch.ops.aten._to_copy.default and id(args[0]) in self._weights:
             storage = out.untyped_storage()
@@ -212,10 +229,15 @@ def _nbytes(tensors: Iterable[torch.Tensor]) -> int:
 
 
 def estimate_step_memory(
-    model: nn.Module, example_batch: Any, *, targets: Any = None,
+    model: nn.Module,
+    example_batch: Any,
+    *,
+    targets: Any = None,
     loss_fn: Callable[..., torch.Tensor] | None = None,
     optimizer: str | Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer] = "adamw",
-    precision: str = "fp32", checkpointing: Checkpointing = None, device: str | torch.device | None = None,
+    precision: str = "fp32",
+    checkpointing: Checkpointing = None,
+    device: str | torch.device | None = None,
 ) -> MemoryEstimate:
     """Estimate the peak memory of a steady-state training step of any model, without running it.
 
@@ -265,8 +287,10 @@ def estimate_step_memory(
     if precision not in AUTOCAST_DTYPES:
         raise ValueError(f"precision must be one of {list(AUTOCAST_DTYPES)}, got {precision!r}")
     if not callable(optimizer) and optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)} or a callable params -> Optimizer, "
-                         f"got {optimizer!r}")
+        raise ValueError(
+            f"optimizer must be one of {sorted(OPTIMIZERS)} or a callable params -> Optimizer, "
+            f"got {optimizer!r}"
+        )
     first = next(iter(model.parameters()), None)
     if first is None:
         raise ValueError(f"model: {type(model).__name__} has no parameters to train")
@@ -275,8 +299,10 @@ def estimate_step_memory(
     device = torch.device(device)
     backend = getattr(torch, device.type, None)
     if device.type != "cpu" and not (hasattr(backend, "is_available") and backend.is_available()):
-        raise ValueError(f"device: {device.type!r} is not available here; estimate on a device this machine has "
-                         "(the CPU's estimate differs from a GPU's only where kernels differ)")
+        raise ValueError(
+            f"device: {device.type!r} is not available here; estimate on a device this machine has "
+            "(the CPU's estimate differs from a GPU's only where kernels differ)"
+        )
     autocast_dtype = AUTOCAST_DTYPES[precision]
     mode = FakeTensorMode()
 
@@ -298,7 +324,9 @@ def estimate_step_memory(
         parts: dict[str, int] = {}
 
         def step(count: bool) -> None:
-            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            with torch.autocast(
+                device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
+            ):
                 loss = model_loss(call_model(model, batch), fake_targets, loss_fn)
             if count:
                 phases["forward"] = tracker.peak
@@ -318,16 +346,24 @@ def estimate_step_memory(
 
         with swapped_tensors(model, fakes):
             step(count=False)  # the optimizer creates its state: the next step is the steady state
-            state = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+            state = [
+                v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+            ]
             tracker.count([*params, *buffers, *state])
-            tracker.count(t for t in tree_leaves((batch, fake_targets)) if isinstance(t, torch.Tensor))
+            tracker.count(
+                t for t in tree_leaves((batch, fake_targets)) if isinstance(t, torch.Tensor)
+            )
             parts["start"] = tracker.current
             with tracker:
                 step(count=True)
     weights = _nbytes([*params, *buffers])
     return MemoryEstimate(
-        weights=weights, gradients=parts["gradients"],
-        optimizer_states=_nbytes(state), master_weights=0,
-        activations=parts["activations"] - parts["weight_casts"], weight_casts=parts["weight_casts"],
-        phases=phases, workspace=CUDA_WORKSPACE_BYTES if device.type == "cuda" else 0,
+        weights=weights,
+        gradients=parts["gradients"],
+        optimizer_states=_nbytes(state),
+        master_weights=0,
+        activations=parts["activations"] - parts["weight_casts"],
+        weight_casts=parts["weight_casts"],
+        phases=phases,
+        workspace=CUDA_WORKSPACE_BYTES if device.type == "cuda" else 0,
     )

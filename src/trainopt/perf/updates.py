@@ -75,7 +75,9 @@ class UpdateRatioMonitor:
         yield
         with torch.no_grad():
             deltas = torch._foreach_sub([p.detach() for p in self.params], before)
-            ratios = torch.stack(torch._foreach_norm(deltas)) / (torch.stack(torch._foreach_norm(before)) + self.eps)
+            ratios = torch.stack(torch._foreach_norm(deltas)) / (
+                torch.stack(torch._foreach_norm(before)) + self.eps
+            )
         self.steps.append(step)
         self.history.append(ratios)
 
@@ -130,6 +132,8 @@ class UpdateRatioMonitor:
             []
         """
         if state["names"] != self.names:
-            raise ValueError(f"names must match the model's parameters {self.names}, got {state['names']}")
+            raise ValueError(
+                f"names must match the model's parameters {self.names}, got {state['names']}"
+            )
         self.steps = list(state["steps"])  # type: ignore[call-overload]
         self.history = list(state["history"])  # type: ignore[call-overload]

@@ -76,11 +76,16 @@ def linear_warmup_decay_schedule(
         0.05
     """
     check_run(total_steps, warmup_steps)
-    return LambdaLR(optimizer, partial(linear_warmup_decay, total_steps=total_steps, warmup_steps=warmup_steps))
+    return LambdaLR(
+        optimizer, partial(linear_warmup_decay, total_steps=total_steps, warmup_steps=warmup_steps)
+    )
 
 
 def cosine_annealing_schedule(
-    optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 1000, min_lr: float = 0.0
+    optimizer: torch.optim.Optimizer,
+    total_steps: int,
+    warmup_steps: int = 1000,
+    min_lr: float = 0.0,
 ) -> LambdaLR:
     """Linear warm-up, then cosine annealing to the absolute ``min_lr``, held past ``total_steps``.
 
@@ -98,7 +103,9 @@ def cosine_annealing_schedule(
     """
     check_run(total_steps, warmup_steps)
     lambdas = [
-        partial(cosine_annealing, total_steps=total_steps, warmup_steps=warmup_steps, min_ratio=ratio)
+        partial(
+            cosine_annealing, total_steps=total_steps, warmup_steps=warmup_steps, min_ratio=ratio
+        )
         for ratio in min_lr_ratios(optimizer, min_lr)
     ]
     return LambdaLR(optimizer, lambdas)
@@ -149,8 +156,14 @@ def wsd_schedule(
     """
     warmup_stable_decay(0, total_steps, warmup_steps, decay_steps, 0.0, decay)  # validates
     lambdas = [
-        partial(warmup_stable_decay, total_steps=total_steps, warmup_steps=warmup_steps,
-                decay_steps=decay_steps, min_ratio=ratio, decay=decay)
+        partial(
+            warmup_stable_decay,
+            total_steps=total_steps,
+            warmup_steps=warmup_steps,
+            decay_steps=decay_steps,
+            min_ratio=ratio,
+            decay=decay,
+        )
         for ratio in min_lr_ratios(optimizer, min_lr)
     ]
     return LambdaLR(optimizer, lambdas)

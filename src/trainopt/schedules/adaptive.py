@@ -91,8 +91,11 @@ class AdaptiveLearningRate:
         return [float(group["lr"]) for group in self.optimizer.param_groups]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scale": self.scale, "ratios": list(self.ratios),
-                "losses": [float(x) for x in self._losses]}
+        return {
+            "scale": self.scale,
+            "ratios": list(self.ratios),
+            "losses": [float(x) for x in self._losses],
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.scale = float(state["scale"])

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
-def batch_size_rampup(start: int, end: int, increment: int, ramp_samples: int) -> Callable[[int], int]:
+def batch_size_rampup(
+    start: int, end: int, increment: int, ramp_samples: int
+) -> Callable[[int], int]:
     """A schedule of the global batch size over the samples consumed, rising in steps.
 
     With :math:`k = (\\text{end} - \\text{start}) / \\text{increment}` increments spread evenly
@@ -45,7 +47,9 @@ def batch_size_rampup(start: int, end: int, increment: int, ramp_samples: int) -
     if start < 1 or increment < 1:
         raise ValueError(f"start and increment must be at least 1, got {start=}, {increment=}")
     if end < start or (end - start) % increment:
-        raise ValueError(f"end must be start plus a multiple of increment, got {start=}, {end=}, {increment=}")
+        raise ValueError(
+            f"end must be start plus a multiple of increment, got {start=}, {end=}, {increment=}"
+        )
     if ramp_samples < 0:
         raise ValueError(f"ramp_samples must be at least 0, got {ramp_samples=}")
     increments = (end - start) // increment

@@ -50,8 +50,15 @@ class CyclicalLearningRate(LRScheduler):
         self.cycle_max_lrs = self._per_group("max_lr", max_lr, groups)
         for index, (low, high) in enumerate(zip(self.cycle_base_lrs, self.cycle_max_lrs)):
             if low > high:
-                raise ValueError(f"base_lr must not exceed max_lr, got {low} > {high} for group {index}")
-        self.step_size, self.mode, self.gamma, self.total_steps = step_size, mode, gamma, total_steps
+                raise ValueError(
+                    f"base_lr must not exceed max_lr, got {low} > {high} for group {index}"
+                )
+        self.step_size, self.mode, self.gamma, self.total_steps = (
+            step_size,
+            mode,
+            gamma,
+            total_steps,
+        )
         if last_epoch == -1:
             for group, lr in zip(optimizer.param_groups, self.cycle_base_lrs):
                 group["lr"] = lr
@@ -68,6 +75,11 @@ class CyclicalLearningRate(LRScheduler):
 
     def get_lr(self) -> list[float]:
         """The rate of each param group at step ``last_epoch`` (closed form, no recursion)."""
-        step = self.last_epoch if self.total_steps is None else min(self.last_epoch, self.total_steps)
+        step = (
+            self.last_epoch if self.total_steps is None else min(self.last_epoch, self.total_steps)
+        )
         height = cyclical_scale(step, self.step_size, self.mode, self.gamma)
-        return [low + (high - low) * height for low, high in zip(self.cycle_base_lrs, self.cycle_max_lrs)]
+        return [
+            low + (high - low) * height
+            for low, high in zip(self.cycle_base_lrs, self.cycle_max_lrs)
+        ]

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+
 from trainopt.validation import check_int
 
 FINDER_MODES = ("exp", "linear")
@@ -167,9 +168,11 @@ class LearningRateFinder:
         matter. Raises ``RuntimeError`` if fewer than 3 points remain.
         """
         if not 0.0 <= skip_start < 1.0 or not 0.0 <= skip_end < 1.0 or skip_start + skip_end >= 1.0:
-            raise ValueError(f"skip_start and skip_end must be in [0, 1) with sum < 1, got {skip_start=}, {skip_end=}")
+            raise ValueError(
+                f"skip_start and skip_end must be in [0, 1) with sum < 1, got {skip_start=}, {skip_end=}"
+            )
         n = len(self.lrs)
-        kept = list(zip(self.lrs, self.losses))[int(n * skip_start): n - int(n * skip_end)]
+        kept = list(zip(self.lrs, self.losses))[int(n * skip_start) : n - int(n * skip_end)]
         points = [(math.log10(lr), loss) for lr, loss in kept if lr > 0 and math.isfinite(loss)]
         if len(points) < 3:
             raise RuntimeError(

@@ -134,7 +134,9 @@ def warmup_stable_decay(
     return min_ratio + (1 - min_ratio) * shape
 
 
-def cyclical_scale(step: int, step_size: int, mode: str = "triangular", gamma: float = 1.0) -> float:
+def cyclical_scale(
+    step: int, step_size: int, mode: str = "triangular", gamma: float = 1.0
+) -> float:
     r"""Height of a cyclical schedule in :math:`[0, 1]` (0 at ``base_lr``, 1 at ``max_lr``).
 
     A triangle rises over ``step_size`` steps and falls over the next ``step_size``. Its height

@@ -36,8 +36,10 @@ class LRMonitor:
     def step(self) -> None:
         """Record the current learning rate of each parameter group."""
         self._history.append(
-            [g["lr"].detach().clone() if torch.is_tensor(g["lr"]) else float(g["lr"])
-             for g in self.optimizer.param_groups]
+            [
+                g["lr"].detach().clone() if torch.is_tensor(g["lr"]) else float(g["lr"])
+                for g in self.optimizer.param_groups
+            ]
         )
 
     @property

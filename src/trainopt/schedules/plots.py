@@ -19,12 +19,17 @@ from trainopt.schedules.finder import LearningRateFinder
 from trainopt.schedules.monitor import LRMonitor
 from trainopt.schedules.registry import build_scheduler
 
-
 FONT_PT = 10
 """Size of the text in the gallery: 15 px at the site's 110 dpi, above 9 px at 800 px wide."""
 
-_STYLE = {"font.size": FONT_PT, "axes.titlesize": FONT_PT, "axes.labelsize": FONT_PT,
-          "xtick.labelsize": FONT_PT, "ytick.labelsize": FONT_PT, "legend.fontsize": FONT_PT}
+_STYLE = {
+    "font.size": FONT_PT,
+    "axes.titlesize": FONT_PT,
+    "axes.labelsize": FONT_PT,
+    "xtick.labelsize": FONT_PT,
+    "ytick.labelsize": FONT_PT,
+    "legend.fontsize": FONT_PT,
+}
 
 
 def _optimizer(base_lr: float) -> torch.optim.Optimizer:
@@ -49,7 +54,9 @@ def _finish(ax: Any, title: str, log: bool = False) -> None:
     ax.grid(alpha=0.3)
 
 
-def schedule_values(name: str, num_steps: int, base_lr: float = 1e-3, **settings: Any) -> list[float]:
+def schedule_values(
+    name: str, num_steps: int, base_lr: float = 1e-3, **settings: Any
+) -> list[float]:
     """The rate at steps ``0..num_steps-1`` of a registered scheduler built with ``settings``.
 
     Example:
@@ -62,8 +69,12 @@ def schedule_values(name: str, num_steps: int, base_lr: float = 1e-3, **settings
 
 
 def plot_schedule(
-    name: str, base_lr: float = 1e-3, num_steps: int | None = None, ax: Any = None,
-    log: bool = False, **settings: Any,
+    name: str,
+    base_lr: float = 1e-3,
+    num_steps: int | None = None,
+    ax: Any = None,
+    log: bool = False,
+    **settings: Any,
 ) -> Any:
     """Plot a registered schedule over ``num_steps`` (default: 20 % past ``total_steps``).
 
@@ -84,8 +95,14 @@ def plot_schedule(
     return fig
 
 
-def plot_wsd_decays(total_steps: int = 1000, warmup_steps: int = 50, decay_steps: int = 200,
-                    base_lr: float = 1e-3, min_lr: float = 1e-5, ax: Any = None) -> Any:
+def plot_wsd_decays(
+    total_steps: int = 1000,
+    warmup_steps: int = 50,
+    decay_steps: int = 200,
+    base_lr: float = 1e-3,
+    min_lr: float = 1e-5,
+    ax: Any = None,
+) -> Any:
     """The three WSD decay shapes on one plot.
 
     Example:
@@ -105,12 +122,21 @@ def plot_wsd_decays(total_steps: int = 1000, warmup_steps: int = 50, decay_steps
         sched = wsd_schedule(opt, total_steps, warmup_steps, decay_steps, min_lr, decay)
         ax.plot(debug_lr_schedule(sched, int(total_steps * 1.1)), label=decay)
     ax.legend(title="decay")
-    _finish(ax, f"wsd(total_steps={total_steps}, warmup_steps={warmup_steps}, decay_steps={decay_steps})")
+    _finish(
+        ax,
+        f"wsd(total_steps={total_steps}, warmup_steps={warmup_steps}, decay_steps={decay_steps})",
+    )
     return fig
 
 
-def plot_cyclical_modes(step_size: int = 100, base_lr: float = 1e-4, max_lr: float = 1e-3,
-                        gamma: float = 0.997, num_steps: int = 800, ax: Any = None) -> Any:
+def plot_cyclical_modes(
+    step_size: int = 100,
+    base_lr: float = 1e-4,
+    max_lr: float = 1e-3,
+    gamma: float = 0.997,
+    num_steps: int = 800,
+    ax: Any = None,
+) -> Any:
     """``CyclicalLearningRate`` in its three modes.
 
     Example:
@@ -130,8 +156,9 @@ def plot_cyclical_modes(step_size: int = 100, base_lr: float = 1e-4, max_lr: flo
     return fig
 
 
-def plot_adaptive(initial_lr: float = 1e-3, min_lr: float = 1e-5, window: int = 10,
-                  num_steps: int = 600) -> Any:
+def plot_adaptive(
+    initial_lr: float = 1e-3, min_lr: float = 1e-5, window: int = 10, num_steps: int = 600
+) -> Any:
     """``AdaptiveLearningRate`` reacting to a loss that falls, then rises, then falls again.
 
     Example:
@@ -162,8 +189,10 @@ def plot_adaptive(initial_lr: float = 1e-3, min_lr: float = 1e-5, window: int = 
     top.plot(losses, color="tab:orange")
     top.set_ylabel("loss")
     top.grid(alpha=0.3)
-    top.set_title(f"AdaptiveLearningRate(initial_lr={initial_lr}, min_lr={min_lr}, window={window})",
-                  fontsize=10)
+    top.set_title(
+        f"AdaptiveLearningRate(initial_lr={initial_lr}, min_lr={min_lr}, window={window})",
+        fontsize=10,
+    )
     bottom.plot(lrs)
     _finish(bottom, "")
     return fig
@@ -193,18 +222,39 @@ def schedule_gallery(total_steps: int = 1000, base_lr: float = 1e-3) -> Any:
     num_steps = int(total_steps * 1.2) + 1
     custom = PolynomialDecaySchedule(base_lr, total_steps, warmup, base_lr / 10)
     panels = [
-        ("linear warm-up + decay", schedule_values(
-            "linear_warmup_decay", num_steps, base_lr, total_steps=total_steps, warmup_steps=warmup)),
-        ("cosine to min_lr", schedule_values(
-            "cosine_annealing", num_steps, base_lr, total_steps=total_steps, warmup_steps=warmup,
-            min_lr=base_lr / 10)),
-        ("step decay", schedule_values(
-            "step_decay", num_steps, base_lr, decay_steps=total_steps // 4, decay_rate=0.5)),
+        (
+            "linear warm-up + decay",
+            schedule_values(
+                "linear_warmup_decay",
+                num_steps,
+                base_lr,
+                total_steps=total_steps,
+                warmup_steps=warmup,
+            ),
+        ),
+        (
+            "cosine to min_lr",
+            schedule_values(
+                "cosine_annealing",
+                num_steps,
+                base_lr,
+                total_steps=total_steps,
+                warmup_steps=warmup,
+                min_lr=base_lr / 10,
+            ),
+        ),
+        (
+            "step decay",
+            schedule_values(
+                "step_decay", num_steps, base_lr, decay_steps=total_steps // 4, decay_rate=0.5
+            ),
+        ),
         ("polynomial (custom)", [custom.get_lr(s) for s in range(num_steps)]),
     ]
     with plt.rc_context(_STYLE):
-        fig, axes = plt.subplots(2, 2, figsize=(7, 4.8), sharex=True, sharey=True,
-                                 constrained_layout=True)
+        fig, axes = plt.subplots(
+            2, 2, figsize=(7, 4.8), sharex=True, sharey=True, constrained_layout=True
+        )
         for ax, (title, values) in zip(axes.flat, panels):
             ax.plot(values)
             ax.axvline(total_steps, color="0.6", linestyle=":", linewidth=1)
@@ -236,10 +286,12 @@ def lr_monitor_figure(steps: int = 60) -> Any:
     from trainopt.schedules.adapters import cosine_annealing_schedule
 
     model = digits_mlp(hidden=32, depth=1)
-    opt = torch.optim.AdamW([
-        {"params": model[0].parameters(), "lr": 3e-3},
-        {"params": model[2].parameters(), "lr": 1e-3},
-    ])
+    opt = torch.optim.AdamW(
+        [
+            {"params": model[0].parameters(), "lr": 3e-3},
+            {"params": model[2].parameters(), "lr": 1e-3},
+        ]
+    )
     sched = cosine_annealing_schedule(opt, total_steps=steps, warmup_steps=steps // 10, min_lr=1e-4)
     monitor = LRMonitor(opt)
     train, _ = digits_loaders(batch_size=64)

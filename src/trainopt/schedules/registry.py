@@ -76,7 +76,11 @@ class PolynomialDecaySchedule(SchedulerInterface):
     """
 
     def __init__(
-        self, base_lr: float, total_steps: int, warmup_steps: int = 0, min_lr: float = 0.0,
+        self,
+        base_lr: float,
+        total_steps: int,
+        warmup_steps: int = 0,
+        min_lr: float = 0.0,
         power: float = 2.0,
     ) -> None:
         super().__init__(base_lr)
@@ -161,7 +165,8 @@ def scheduler_parameters(name: str) -> dict[str, Any]:
     if isinstance(factory, type) and issubclass(factory, SchedulerInterface):
         skip.add("base_lr")  # taken from the optimizer
     return {
-        key: p for key, p in signature.parameters.items()
+        key: p
+        for key, p in signature.parameters.items()
         if key not in skip and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
     }
 

@@ -27,7 +27,6 @@ from trainopt.stability.averaging import masked_update_parameters
 from trainopt.stability.buffers import BufferSnapshot, nonfinite_buffers
 from trainopt.stability.checker import StabilityChecker
 from trainopt.stability.checkpoint import CheckpointError, CheckpointManager
-from trainopt.stability.config import Detection, Rollback
 from trainopt.stability.clipping import (
     AdaptiveGradientClipper,
     ZScoreClipper,
@@ -35,6 +34,7 @@ from trainopt.stability.clipping import (
     clip_grads_with_norm_,
     total_grad_norm,
 )
+from trainopt.stability.config import Detection, Rollback
 from trainopt.stability.data import ResumableDataLoader, ResumableSampler
 from trainopt.stability.distributed import any_rank, broadcast_from_rank0, is_main_process
 from trainopt.stability.gradients import GradientMonitor, nonfinite_gradients
@@ -46,25 +46,69 @@ from trainopt.stability.optimizers import (
     check_skippable,
     skips_in_kernel,
 )
-from trainopt.stability.rates import UnsupportedSchedulerError, check_scalable, lr_scale, scale_learning_rate
+from trainopt.stability.rates import (
+    UnsupportedSchedulerError,
+    check_scalable,
+    lr_scale,
+    scale_learning_rate,
+)
 from trainopt.stability.recovery import TrainingInstabilityError, TrainingRecovery
 from trainopt.stability.rng import get_rng_state, set_rng_state
 from trainopt.stability.scaling import DynamicLossScaler
+from trainopt.stability.schedule_window import ScheduleWindow, UnsupportedScheduleError
 from trainopt.stability.skip import fused_step, masked_step
 from trainopt.stability.stabilizer import TrainingStabilizer
-from trainopt.stability.schedule_window import ScheduleWindow, UnsupportedScheduleError
 from trainopt.stability.statistics import nanmax, nanmedian, robust_zscore, tail_score
 from trainopt.stability.syncs import HostSyncCounter
 from trainopt.stability.unitwise import adaptive_clip_grad_
 
 __all__ = [
-    "AdaptiveGradientClipper", "BufferSnapshot", "CheckpointError", "CheckpointManager", "Detection", "DynamicLossScaler",
-    "GradientMonitor", "HostSyncCounter", "LossSpikeDetector", "LossStabilityMonitor",
-    "ResumableDataLoader", "ResumableSampler", "Rollback", "ScheduleWindow", "StabilityChecker", "TrainingInstabilityError",
-    "TrainingRecovery", "TrainingStabilizer", "UnsupportedOptimizerError", "UnsupportedScheduleError", "UnsupportedSchedulerError",
-    "ZScoreClipper", "adaptive_clip_grad_", "any_rank", "broadcast_from_rank0", "check_no_step_hooks",
-    "check_scalable", "check_skippable", "clip_gradients", "clip_grads_with_norm_", "fused_step",
-    "get_rng_state", "is_main_process", "lr_scale", "masked_step", "masked_update_parameters",
-    "nanmax", "nanmedian", "nonfinite_buffers", "nonfinite_gradients", "qk_norm", "robust_zscore", "scale_learning_rate", "tail_score",
-    "set_rng_state", "skips_in_kernel", "total_grad_norm", "z_loss",
+    "AdaptiveGradientClipper",
+    "BufferSnapshot",
+    "CheckpointError",
+    "CheckpointManager",
+    "Detection",
+    "DynamicLossScaler",
+    "GradientMonitor",
+    "HostSyncCounter",
+    "LossSpikeDetector",
+    "LossStabilityMonitor",
+    "ResumableDataLoader",
+    "ResumableSampler",
+    "Rollback",
+    "ScheduleWindow",
+    "StabilityChecker",
+    "TrainingInstabilityError",
+    "TrainingRecovery",
+    "TrainingStabilizer",
+    "UnsupportedOptimizerError",
+    "UnsupportedScheduleError",
+    "UnsupportedSchedulerError",
+    "ZScoreClipper",
+    "adaptive_clip_grad_",
+    "any_rank",
+    "broadcast_from_rank0",
+    "check_no_step_hooks",
+    "check_scalable",
+    "check_skippable",
+    "clip_gradients",
+    "clip_grads_with_norm_",
+    "fused_step",
+    "get_rng_state",
+    "is_main_process",
+    "lr_scale",
+    "masked_step",
+    "masked_update_parameters",
+    "nanmax",
+    "nanmedian",
+    "nonfinite_buffers",
+    "nonfinite_gradients",
+    "qk_norm",
+    "robust_zscore",
+    "scale_learning_rate",
+    "tail_score",
+    "set_rng_state",
+    "skips_in_kernel",
+    "total_grad_norm",
+    "z_loss",
 ]

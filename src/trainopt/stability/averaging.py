@@ -34,7 +34,9 @@ class _Flag:
         return self.by_device[device]
 
 
-def _pairs(averaged: AveragedModel, model: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _pairs(
+    averaged: AveragedModel, model: torch.nn.Module
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(averaged tensor, model tensor on its device), in ``update_parameters``' order."""
     if averaged.use_buffers:
         mine = itertools.chain(averaged.module.parameters(), averaged.module.buffers())
@@ -44,8 +46,12 @@ def _pairs(averaged: AveragedModel, model: torch.nn.Module) -> list[tuple[torch.
     return [(a.detach(), m.detach().to(a.device)) for a, m in zip(mine, theirs)]
 
 
-def _averages(averaged: AveragedModel, olds: list[torch.Tensor], models: list[torch.Tensor],
-              count: torch.Tensor) -> list[torch.Tensor]:
+def _averages(
+    averaged: AveragedModel,
+    olds: list[torch.Tensor],
+    models: list[torch.Tensor],
+    count: torch.Tensor,
+) -> list[torch.Tensor]:
     """What ``update_parameters`` makes of each averaged tensor once ``n_averaged > 0``, out of place."""
     if averaged.multi_avg_fn is None and averaged.avg_fn is not None:
         return [averaged.avg_fn(a, m, count.to(a.device)) for a, m in zip(olds, models)]
@@ -70,7 +76,9 @@ def _averages(averaged: AveragedModel, olds: list[torch.Tensor], models: list[to
 
 
 @torch.no_grad()
-def masked_update_parameters(averaged: AveragedModel, model: torch.nn.Module, skip: torch.Tensor) -> None:
+def masked_update_parameters(
+    averaged: AveragedModel, model: torch.nn.Module, skip: torch.Tensor
+) -> None:
     """``averaged.update_parameters(model)``, except where ``skip`` is true: then nothing changes.
 
     The update is torch's: the first one copies the model, the later ones apply the averaged

@@ -113,13 +113,15 @@ class BufferSnapshot:
         slots = self._current_slots()
         tensors = [b for _, _, b in slots]
         same = len(tensors) == len(self._tensors) and all(
-            a is b and a.shape == s.shape for a, b, s in zip(tensors, self._tensors, self._saved))
+            a is b and a.shape == s.shape for a, b, s in zip(tensors, self._tensors, self._saved)
+        )
         if not same:
             by_kind: dict[tuple[torch.device, torch.dtype], list[int]] = {}
             for i, b in enumerate(tensors):
                 by_kind.setdefault((b.device, b.dtype), []).append(i)
-            self._groups = [(indices, _Group([tensors[i] for i in indices]))
-                            for indices in by_kind.values()]
+            self._groups = [
+                (indices, _Group([tensors[i] for i in indices])) for indices in by_kind.values()
+            ]
             self._slots = [(module, name) for module, name, _ in slots]
             self._tensors = tensors
             self._saved = [None] * len(tensors)  # type: ignore[list-item]
@@ -159,8 +161,9 @@ class BufferSnapshot:
 
 
 @torch.no_grad()
-def nonfinite_buffers(buffers: torch.nn.Module | Iterable[torch.Tensor],
-                      device: torch.device | str | None = None) -> torch.Tensor:
+def nonfinite_buffers(
+    buffers: torch.nn.Module | Iterable[torch.Tensor], device: torch.device | str | None = None
+) -> torch.Tensor:
     """How many floating buffers hold an inf or a NaN: a 0-d ``long`` tensor, nothing read.
 
     ``buffers`` is a module (its buffers) or the tensors themselves; integer and bool buffers

@@ -21,9 +21,17 @@ GRAD_GROWTH = 2.0
 # How many times below the reference's largest gradient norm a dead run's median gradient norm lies.
 GRAD_COLLAPSE = 4.0
 
-_REDUCED = (("loss", "nonfinite"), ("loss", "spikes"), ("loss", "max_score"), ("loss", "diverging"),
-            ("gradients", "nonfinite"), ("gradients", "explosions"), ("gradients", "max_grad_norm"),
-            ("gradients", "param_norm"), ("gradients", "nonfinite_buffers"))
+_REDUCED = (
+    ("loss", "nonfinite"),
+    ("loss", "spikes"),
+    ("loss", "max_score"),
+    ("loss", "diverging"),
+    ("gradients", "nonfinite"),
+    ("gradients", "explosions"),
+    ("gradients", "max_grad_norm"),
+    ("gradients", "param_norm"),
+    ("gradients", "nonfinite_buffers"),
+)
 
 
 class StabilityChecker:
@@ -107,7 +115,9 @@ class StabilityChecker:
         self.last_window_max_grad = math.nan
         self.steps = 0
         self.checked_at = 0
-        self.gradient_monitor = gradient_monitor or GradientMonitor(model_or_optimizer, check_every=check_every)
+        self.gradient_monitor = gradient_monitor or GradientMonitor(
+            model_or_optimizer, check_every=check_every
+        )
         self.check_every = check_every
         self.process_group = process_group
         self.flagged = torch.zeros((), dtype=torch.long)
@@ -128,7 +138,9 @@ class StabilityChecker:
         nonfinite = grads.last_nonfinite
         local = detector.last_spike | detector.last_nonfinite | nonfinite | grads.last_explosion
         if in_process_group():
-            self.last_flag, self.nonfinite_grads = any_rank(torch.stack([local, nonfinite]), self.process_group)
+            self.last_flag, self.nonfinite_grads = any_rank(
+                torch.stack([local, nonfinite]), self.process_group
+            )
         else:  # nothing to agree on: no stack and unbind
             self.last_flag, self.nonfinite_grads = local, nonfinite
         device = self.last_flag.device
@@ -153,17 +165,23 @@ class StabilityChecker:
         """Whether both monitors can be updated together (:class:`_JointStep`): same windows and device."""
         if self._joint is None:
             detector, grads = self.loss_monitor.detector, self.gradient_monitor
-            if not (type(self.loss_monitor) is LossStabilityMonitor and type(grads) is GradientMonitor
-                    and type(detector) is LossSpikeDetector
-                    and detector.window_size == grads.window_size == self.recent.numel()
-                    and detector.min_history == grads.min_history == self.first.numel()):
+            if not (
+                type(self.loss_monitor) is LossStabilityMonitor
+                and type(grads) is GradientMonitor
+                and type(detector) is LossSpikeDetector
+                and detector.window_size == grads.window_size == self.recent.numel()
+                and detector.min_history == grads.min_history == self.first.numel()
+            ):
                 self._joint = False
                 return False
             self._joint = _JointStep(self)
         if self._joint is False:
             return False
-        return (loss.device == self.gradient_monitor.buffer.device and not in_process_group()
-                and self.loss_monitor.detector.steps == self.gradient_monitor.steps == self.steps)
+        return (
+            loss.device == self.gradient_monitor.buffer.device
+            and not in_process_group()
+            and self.loss_monitor.detector.steps == self.gradient_monitor.steps == self.steps
+        )
 
     def _recent_median(self, buffer: torch.Tensor) -> torch.Tensor:
         """Median of the newer half of the values since the last check (at least ten; else NaN)."""
@@ -178,10 +196,15 @@ class StabilityChecker:
         """Read both monitors (host), reduce over ranks, start a new window; ``is_stable`` and why."""
         recent = self._recent_median(self.recent)
         device = recent.device
-        values = torch.stack([recent, nanmax(self.first).to(device),
-                              self._recent_median(self.recent_grads),
-                              nanmax(self.first_grads).to(device),
-                              self.max_streak.to(device).float()])
+        values = torch.stack(
+            [
+                recent,
+                nanmax(self.first).to(device),
+                self._recent_median(self.recent_grads),
+                nanmax(self.first_grads).to(device),
+                self.max_streak.to(device).float(),
+            ]
+        )
         recent_v, initial_v, recent_grad_v, initial_grad_v, max_streak = values.tolist()
         loss = self.loss_monitor.check()
         grads = self.gradient_monitor.check()
@@ -194,16 +217,24 @@ class StabilityChecker:
         loss["recent_median"], loss["reference"] = recent_v, limit
         grads["recent_median"], grads["reference"] = recent_grad_v, grad_limit
         loss_up = math.isfinite(recent_v) and math.isfinite(limit) and recent_v > limit
-        grads_up = (math.isfinite(recent_grad_v) and math.isfinite(grad_limit)
-                    and recent_grad_v > self.grad_growth * grad_limit)
+        grads_up = (
+            math.isfinite(recent_grad_v)
+            and math.isfinite(grad_limit)
+            and recent_grad_v > self.grad_growth * grad_limit
+        )
         # a dead run: the loss climbs back to chance while the gradients vanish (boundary reads only)
-        grads_down = (math.isfinite(recent_grad_v) and math.isfinite(grad_limit)
-                      and recent_grad_v * GRAD_COLLAPSE < grad_limit)
+        grads_down = (
+            math.isfinite(recent_grad_v)
+            and math.isfinite(grad_limit)
+            and recent_grad_v * GRAD_COLLAPSE < grad_limit
+        )
         loss["diverging"] = int(loss_up and (grads_up or grads_down))
         reports = {"loss": loss, "gradients": grads}
         if not math.isfinite(grads["param_norm"]):
             grads["param_norm"] = math.inf  # NaN would lose the MAX reduction
-        reduced = max_over_ranks([float(reports[a][b]) for a, b in _REDUCED], self.flagged.device, self.process_group)
+        reduced = max_over_ranks(
+            [float(reports[a][b]) for a, b in _REDUCED], self.flagged.device, self.process_group
+        )
         for (a, b), value in zip(_REDUCED, reduced):
             reports[a][b] = int(value) if isinstance(reports[a][b], int) else value
         reasons = []
@@ -214,15 +245,19 @@ class StabilityChecker:
         if grads["nonfinite"]:
             reasons.append(f"{grads['nonfinite']} non-finite gradient norms")
         if grads["explosions"]:
-            reasons.append(f"{grads['explosions']} gradient explosions (max norm {grads['max_grad_norm']:.3g})")
+            reasons.append(
+                f"{grads['explosions']} gradient explosions (max norm {grads['max_grad_norm']:.3g})"
+            )
         if loss["diverging"]:
-            where = (f"above {self.grad_growth:g} times" if grads_up
-                     else f"below 1/{GRAD_COLLAPSE:g} of")
+            where = (
+                f"above {self.grad_growth:g} times" if grads_up else f"below 1/{GRAD_COLLAPSE:g} of"
+            )
             reasons.append(
                 f"diverging (recent median loss {loss['recent_median']:.4g} above every accepted "
                 f"loss of the reference window, max {loss['reference']:.4g}; recent median "
                 f"gradient norm {grads['recent_median']:.4g} {where} "
-                f"its largest, {grads['reference']:.4g})")
+                f"its largest, {grads['reference']:.4g})"
+            )
         return {
             "is_stable": not reasons,
             "reasons": reasons,
@@ -236,12 +271,18 @@ class StabilityChecker:
 
     def state_dict(self) -> dict[str, Any]:
         """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
-        return {"loss_monitor": self.loss_monitor.state_dict(),
-                "gradient_monitor": self.gradient_monitor.state_dict(),
-                "reference": self.reference, "last_window_max": self.last_window_max, "steps": self.steps,
-                "checked_at": self.checked_at, "grad_reference": self.grad_reference,
-                "last_window_max_grad": self.last_window_max_grad, "grad_growth": self.grad_growth,
-                **{k: getattr(self, k).detach().clone() for k in self._tensors}}
+        return {
+            "loss_monitor": self.loss_monitor.state_dict(),
+            "gradient_monitor": self.gradient_monitor.state_dict(),
+            "reference": self.reference,
+            "last_window_max": self.last_window_max,
+            "steps": self.steps,
+            "checked_at": self.checked_at,
+            "grad_reference": self.grad_reference,
+            "last_window_max_grad": self.last_window_max_grad,
+            "grad_growth": self.grad_growth,
+            **{k: getattr(self, k).detach().clone() for k in self._tensors},
+        }
 
     _tensors = ("flagged", "streak", "max_streak", "recent", "first", "recent_grads", "first_grads")
 
@@ -249,7 +290,11 @@ class StabilityChecker:
         """Take the window just checked as the reference of the divergence test (a stable check)."""
         largest = float(report["loss"].get("window_max", math.nan))
         if math.isfinite(largest):
-            self.reference = min(largest, self.last_window_max) if math.isfinite(self.last_window_max) else largest
+            self.reference = (
+                min(largest, self.last_window_max)
+                if math.isfinite(self.last_window_max)
+                else largest
+            )
             self.last_window_max = largest
         largest = float(report["gradients"].get("max_grad_norm", math.nan))
         if math.isfinite(largest):
@@ -258,18 +303,37 @@ class StabilityChecker:
             self.last_window_max_grad = largest
 
     # what trainopt 0.4 did not save: the gradient norms' divergence reference starts empty
-    _added = {"grad_reference": math.nan, "last_window_max_grad": math.nan, "grad_growth": None,
-              "recent_grads": None, "first_grads": None}
+    _added = {
+        "grad_reference": math.nan,
+        "last_window_max_grad": math.nan,
+        "grad_growth": None,
+        "recent_grads": None,
+        "first_grads": None,
+    }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (or a trainopt 0.4 checker's state)."""
-        missing = [k for k in ("loss_monitor", "gradient_monitor", "reference", "last_window_max", "steps",
-                               "checked_at", *self._tensors) if k not in state and k not in self._added]
+        missing = [
+            k
+            for k in (
+                "loss_monitor",
+                "gradient_monitor",
+                "reference",
+                "last_window_max",
+                "steps",
+                "checked_at",
+                *self._tensors,
+            )
+            if k not in state and k not in self._added
+        ]
         if missing:
             raise KeyError(f"StabilityChecker state_dict is missing {missing}")
         self.gradient_monitor.load_state_dict(state["gradient_monitor"])
         self.loss_monitor.load_state_dict(state["loss_monitor"])
-        self.reference, self.last_window_max = float(state["reference"]), float(state["last_window_max"])
+        self.reference, self.last_window_max = (
+            float(state["reference"]),
+            float(state["last_window_max"]),
+        )
         self.steps, self.checked_at = state["steps"], state["checked_at"]
         self.grad_reference = float(state.get("grad_reference", math.nan))
         self.last_window_max_grad = float(state.get("last_window_max_grad", math.nan))
@@ -300,8 +364,14 @@ class _JointStep:
     """
 
     # (owner, attribute, shared tensor, index): the monitors' per-step state as views
-    _COUNTS = (("detector", "num_spikes"), ("loss", "window_spikes"), ("loss", "window_nonfinite"),
-               ("grads", "window_explosions"), ("grads", "window_nonfinite"), ("checker", "flagged"))
+    _COUNTS = (
+        ("detector", "num_spikes"),
+        ("loss", "window_spikes"),
+        ("loss", "window_nonfinite"),
+        ("grads", "window_explosions"),
+        ("grads", "window_nonfinite"),
+        ("checker", "flagged"),
+    )
     # where each counter's increment sits in cat([over (2), nonfinite (2), flag (1)])
     _INCREMENTS = (0, 0, 2, 1, 3, 4)
 
@@ -312,12 +382,18 @@ class _JointStep:
         self.views: list[tuple[Any, str, torch.Tensor]] = []
 
     def _owners(self, checker: StabilityChecker) -> dict[str, Any]:
-        return {"detector": checker.loss_monitor.detector, "loss": checker.loss_monitor,
-                "grads": checker.gradient_monitor, "checker": checker}
+        return {
+            "detector": checker.loss_monitor.detector,
+            "loss": checker.loss_monitor,
+            "grads": checker.gradient_monitor,
+            "checker": checker,
+        }
 
     def bound(self) -> bool:
         """Whether every attribute still is the view this pass writes."""
-        return bool(self.views) and all(getattr(owner, name) is view for owner, name, view in self.views)
+        return bool(self.views) and all(
+            getattr(owner, name) is view for owner, name, view in self.views
+        )
 
     def bind(self, checker: StabilityChecker, device: torch.device) -> None:
         """Gather the monitors' per-step tensors into shared ones and give the monitors views of them."""
@@ -332,28 +408,49 @@ class _JointStep:
         self.ring = torch.stack([detector.buffer, grads.buffer])
         self.recent = torch.stack([checker.recent, checker.recent_grads])
         self.counts = torch.stack([getattr(owners[o], n).to(device) for o, n in self._COUNTS])
-        self.maxes = torch.stack([monitor.window_max_z.to(device).float(), grads.window_max_grad_norm])
+        self.maxes = torch.stack(
+            [monitor.window_max_z.to(device).float(), grads.window_max_grad_norm]
+        )
         self.value = torch.full((2,), math.nan, device=device)
         self.nans = torch.full((2,), math.nan, device=device)
-        self.score = torch.stack([detector.last_z.to(device).float(), torch.full((), math.nan, device=device)])
+        self.score = torch.stack(
+            [detector.last_z.to(device).float(), torch.full((), math.nan, device=device)]
+        )
         self.over = torch.stack([detector.last_spike.to(device), grads.last_explosion.to(device)])
-        self.nonfinite = torch.stack([detector.last_nonfinite.to(device),
-                                      getattr(grads, "last_nonfinite", torch.tensor(False)).to(device)])
+        self.nonfinite = torch.stack(
+            [
+                detector.last_nonfinite.to(device),
+                getattr(grads, "last_nonfinite", torch.tensor(False)).to(device),
+            ]
+        )
         self.factors = torch.tensor([self.spike_factor, self.explosion_factor], device=device)
-        self.pick_score = torch.tensor([True, False], device=device)  # maxima: the loss's score, the norm
+        self.pick_score = torch.tensor(
+            [True, False], device=device
+        )  # maxima: the loss's score, the norm
         self.increments = torch.tensor(self._INCREMENTS, device=device)
         if device not in _HALVES:
-            _HALVES[device] = (torch.tensor([1, 1, 2], device=device), torch.tensor([-1, 0, -2], device=device))
+            _HALVES[device] = (
+                torch.tensor([1, 1, 2], device=device),
+                torch.tensor([-1, 0, -2], device=device),
+            )
         scale, shift = _HALVES[device]
         self.scale, self.shift = scale.view(1, 3), shift.view(1, 3)
-        views = [(detector, "buffer", self.ring[0]), (grads, "buffer", self.ring[1]),
-                 (checker, "recent", self.recent[0]), (checker, "recent_grads", self.recent[1]),
-                 (monitor, "window_max_z", self.maxes[0]), (grads, "window_max_grad_norm", self.maxes[1]),
-                 (detector, "last_value", self.value[0]), (grads, "last_value", self.value[1]),
-                 (detector, "last_z", self.score[0]),
-                 (detector, "last_spike", self.over[0]), (grads, "last_explosion", self.over[1]),
-                 (detector, "last_nonfinite", self.nonfinite[0]), (grads, "last_nonfinite", self.nonfinite[1]),
-                 (checker, "nonfinite_grads", self.nonfinite[1])]
+        views = [
+            (detector, "buffer", self.ring[0]),
+            (grads, "buffer", self.ring[1]),
+            (checker, "recent", self.recent[0]),
+            (checker, "recent_grads", self.recent[1]),
+            (monitor, "window_max_z", self.maxes[0]),
+            (grads, "window_max_grad_norm", self.maxes[1]),
+            (detector, "last_value", self.value[0]),
+            (grads, "last_value", self.value[1]),
+            (detector, "last_z", self.score[0]),
+            (detector, "last_spike", self.over[0]),
+            (grads, "last_explosion", self.over[1]),
+            (detector, "last_nonfinite", self.nonfinite[0]),
+            (grads, "last_nonfinite", self.nonfinite[1]),
+            (checker, "nonfinite_grads", self.nonfinite[1]),
+        ]
         views += [(owners[o], n, self.counts[i]) for i, (o, n) in enumerate(self._COUNTS)]
         for owner, name, view in views:
             setattr(owner, name, view)
@@ -379,7 +476,9 @@ class _JointStep:
             # tail_score of each row (statistics._median_and_max), both rows from one sort
             ordered = torch.sort(self.ring[:, : min(steps, size)], dim=1).values
             count = (ordered == ordered).sum(1, keepdim=True)
-            index = torch.div(count * self.scale + self.shift, 2, rounding_mode="floor").clamp_(0, ordered.shape[1] - 1)
+            index = torch.div(count * self.scale + self.shift, 2, rounding_mode="floor").clamp_(
+                0, ordered.shape[1] - 1
+            )
             picked = ordered.gather(1, index)
             median, largest = picked[:, :2].mean(1), picked[:, 2]
             unit = torch.maximum(largest - median, 1e-2 * median.abs()).clamp_min(1e-8)

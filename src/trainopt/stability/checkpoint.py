@@ -36,7 +36,6 @@ from typing import Any
 
 import torch
 
-from trainopt.stability.config import deprecated_name
 from trainopt.stability.checkpoint_files import (
     FORMAT,
     CheckpointError,
@@ -45,6 +44,7 @@ from trainopt.stability.checkpoint_files import (
     read_checkpoint,
     save_weights_only,
 )
+from trainopt.stability.config import deprecated_name
 from trainopt.stability.fit import load_all_or_nothing
 from trainopt.stability.rng import get_rng_state, set_rng_state
 from trainopt.validation import check_int
@@ -86,10 +86,17 @@ class CheckpointManager:
         (30, 0.03333333333333333)
     """
 
-    def __init__(self, save_dir: str | os.PathLike[str], save_every: int = 1000,
-                 keep_last: int | None = 3, *, save_frequency: int | None = None):
-        save_every = deprecated_name("CheckpointManager", "save_frequency", save_frequency, save_every,
-                                     1000)
+    def __init__(
+        self,
+        save_dir: str | os.PathLike[str],
+        save_every: int = 1000,
+        keep_last: int | None = 3,
+        *,
+        save_frequency: int | None = None,
+    ):
+        save_every = deprecated_name(
+            "CheckpointManager", "save_frequency", save_frequency, save_every, 1000
+        )
         check_int("save_every", save_every, 1)
         check_int("keep_last", keep_last, 1, none_ok=True)
         self.save_dir = Path(save_dir)
@@ -97,7 +104,9 @@ class CheckpointManager:
         self.save_every = save_every
         self.keep_last = keep_last
         self.best_path = self.save_dir / "best_checkpoint.pt"
-        self._held: dict[str, tuple[tuple[int, int, int], int | None]] = {}  # name -> (stat, step held)
+        self._held: dict[
+            str, tuple[tuple[int, int, int], int | None]
+        ] = {}  # name -> (stat, step held)
         self.best_loss = self._existing_best_loss()
         self._remove_stale_temporaries()
 
@@ -129,8 +138,11 @@ class CheckpointManager:
     @property
     def save_frequency(self) -> int:
         """Deprecated: say :attr:`save_every`."""
-        warnings.warn("CheckpointManager.save_frequency is deprecated: say save_every",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "CheckpointManager.save_frequency is deprecated: say save_every",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.save_every
 
     def path_for(self, step: int) -> Path:
@@ -153,8 +165,11 @@ class CheckpointManager:
         except CheckpointError:
             held = None  # ordered by its name; loading it warns and skips it
         if held is not None and held != named:
-            warnings.warn(f"checkpoint file {path} holds step {held}, not the {named} its name says (renamed or "
-                          f"copied?): it is ordered by the step it holds", stacklevel=4)
+            warnings.warn(
+                f"checkpoint file {path} holds step {held}, not the {named} its name says (renamed or "
+                f"copied?): it is ordered by the step it holds",
+                stacklevel=4,
+            )
         self._held[path.name] = (identity, held)
         return held
 
@@ -244,7 +259,9 @@ class CheckpointManager:
         return path
 
     def _copy_to_best(self, path: Path) -> None:
-        tmp = self.best_path.with_name(f".{self.best_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp = self.best_path.with_name(
+            f".{self.best_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        )
         try:
             os.link(path, tmp)  # a second name for the finished file: no second write
         except OSError:
@@ -286,20 +303,39 @@ class CheckpointManager:
 
     @staticmethod
     def _apply(
-        payload: dict[str, Any], path: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any,
-        scaler: Any, extra: dict[str, Any] | None, restore_rng: bool,
+        payload: dict[str, Any],
+        path: Path,
+        model: torch.nn.Module,
+        optimizer: Any,
+        scheduler: Any,
+        scaler: Any,
+        extra: dict[str, Any] | None,
+        restore_rng: bool,
     ) -> tuple[int, float]:
         wanted = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
         absent = [name for name, obj in wanted.items() if obj is not None and payload[name] is None]
         absent += [f"extra[{name!r}]" for name in (extra or {}) if name not in payload["extra"]]
         if absent:
             raise CheckpointError(f"checkpoint file {path} has no state for {absent}")
-        pieces = [("optimizer", optimizer, payload["optimizer"]), ("scheduler", scheduler, payload["scheduler"]),
-                  ("scaler", scaler, payload["scaler"])]
-        pieces += [(f"extra[{name!r}]", obj, payload["extra"][name]) for name, obj in (extra or {}).items()]
-        pieces += [("random number generators", _Generators() if restore_rng else None, payload["rng"])]
-        load_all_or_nothing(model, payload["model"], pieces, lambda piece, why: CheckpointError(
-            f"checkpoint file {path} does not fit the {piece}: {why}"))
+        pieces = [
+            ("optimizer", optimizer, payload["optimizer"]),
+            ("scheduler", scheduler, payload["scheduler"]),
+            ("scaler", scaler, payload["scaler"]),
+        ]
+        pieces += [
+            (f"extra[{name!r}]", obj, payload["extra"][name]) for name, obj in (extra or {}).items()
+        ]
+        pieces += [
+            ("random number generators", _Generators() if restore_rng else None, payload["rng"])
+        ]
+        load_all_or_nothing(
+            model,
+            payload["model"],
+            pieces,
+            lambda piece, why: CheckpointError(
+                f"checkpoint file {path} does not fit the {piece}: {why}"
+            ),
+        )
         return payload["step"], float(payload["loss"])
 
     def load_latest(

@@ -31,12 +31,32 @@ FORMAT = "trainopt.stability.checkpoint/1"
 
 # What each payload entry must be; the scheduler, the scaler and the extra states are checked by
 # their objects' load_state_dict.
-_FIELDS: dict[str, tuple[type, ...]] = {"format": (str,), "step": (int,), "loss": (int, float), "model": (dict,),
-                                        "optimizer": (dict, type(None)), "scheduler": (object,),
-                                        "scaler": (object,), "extra": (dict,), "rng": (dict,)}
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "format": (str,),
+    "step": (int,),
+    "loss": (int, float),
+    "model": (dict,),
+    "optimizer": (dict, type(None)),
+    "scheduler": (object,),
+    "scaler": (object,),
+    "extra": (dict,),
+    "rng": (dict,),
+}
 
 
-_LEAVES = (int, float, bool, str, bytes, bytearray, complex, type(None), torch.dtype, torch.device, torch.Size)
+_LEAVES = (
+    int,
+    float,
+    bool,
+    str,
+    bytes,
+    bytearray,
+    complex,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.Size,
+)
 
 
 _CONTAINERS = (dict, OrderedDict, Counter, list, tuple, set)
@@ -62,15 +82,19 @@ class CheckpointError(RuntimeError):
 def _first_refused(value: Any, where: str) -> str | None:
     """Where ``value`` holds something ``torch.load(weights_only=True)`` would refuse (``None``: nowhere
     known; the loader itself is the judge, this only names the entry)."""
-    if isinstance(value, torch.Tensor) or type(value) in _LEAVES \
-            or type(value) in getattr(torch.serialization, "get_safe_globals", list)():
+    if (
+        isinstance(value, torch.Tensor)
+        or type(value) in _LEAVES
+        or type(value) in getattr(torch.serialization, "get_safe_globals", list)()
+    ):
         return None
     if type(value) not in _CONTAINERS:
         return f"{where} is a {type(value).__name__}"
     items = value.items() if isinstance(value, dict) else enumerate(value)
     for key, item in items:
-        found = (_first_refused(key, f"{where} key") if isinstance(value, dict) else None) \
-            or _first_refused(item, f"{where}[{key!r}]")
+        found = (
+            _first_refused(key, f"{where} key") if isinstance(value, dict) else None
+        ) or _first_refused(item, f"{where}[{key!r}]")
         if found:
             return found
     return None
@@ -83,7 +107,8 @@ def _refusal(payload: dict[str, Any], exc: BaseException) -> CheckpointError:
         f"{what}checkpoints hold only what torch.load(weights_only=True) reads: tensors, dict, OrderedDict, "
         f"Counter, list, tuple, set, int, float, complex, bool, str, bytes, None, torch.dtype, torch.device, "
         f"torch.Size (and classes passed to torch.serialization.add_safe_globals); convert it in its "
-        f"state_dict() ({type(exc).__name__}: {exc})")
+        f"state_dict() ({type(exc).__name__}: {exc})"
+    )
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -142,6 +167,7 @@ def save_weights_only(path: str | os.PathLike[str], payload: dict[str, Any]) -> 
         >>> sorted(p.name for p in folder.iterdir())
         ['a.pt']
     """
+
     def write(f: Any) -> None:
         try:
             torch.save(payload, f)
@@ -155,10 +181,13 @@ def save_weights_only(path: str | os.PathLike[str], payload: dict[str, Any]) -> 
             torch.load(tmp, map_location="cpu", weights_only=True, mmap=True)
         except Exception as exc:  # UnpicklingError: a global the weights-only loader does not allow
             raise _refusal(payload, exc) from exc
+
     _atomic_write(Path(path), write, verify)
 
 
-def read_checkpoint(path: str | os.PathLike[str], map_location: Any = None, mmap: bool = False) -> dict[str, Any]:
+def read_checkpoint(
+    path: str | os.PathLike[str], map_location: Any = None, mmap: bool = False
+) -> dict[str, Any]:
     """Load one checkpoint file with ``weights_only=True`` and check its entries.
 
     Args:
@@ -194,9 +223,14 @@ def read_checkpoint(path: str | os.PathLike[str], map_location: Any = None, mmap
         raise CheckpointError(f"checkpoint file {path} does not exist") from None
     except Exception as exc:  # UnpicklingError for forbidden globals, zip/EOF errors for torn files
         unsafe = "weights_only" in str(exc) or "Unsupported global" in str(exc)
-        what = "refused to load (it would run code: not a weights-only checkpoint)" if unsafe \
+        what = (
+            "refused to load (it would run code: not a weights-only checkpoint)"
+            if unsafe
             else "is corrupt or truncated"
-        raise CheckpointError(f"checkpoint file {path} {what}: {type(exc).__name__}: {exc}") from exc
+        )
+        raise CheckpointError(
+            f"checkpoint file {path} {what}: {type(exc).__name__}: {exc}"
+        ) from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint file {path} is not a {FORMAT} checkpoint")
     missing = [k for k in _FIELDS if k not in payload]
@@ -204,8 +238,15 @@ def read_checkpoint(path: str | os.PathLike[str], map_location: Any = None, mmap
         raise CheckpointError(f"checkpoint file {path} is incomplete: missing {missing}")
     for key, kinds in _FIELDS.items():
         value = payload[key]
-        if not isinstance(value, kinds) or (key in ("step", "loss") and isinstance(value, bool)) \
-                or (key == "step" and value < 0):
-            allowed = "a non-negative int" if key == "step" else " or ".join(k.__name__ for k in kinds)
-            raise CheckpointError(f"checkpoint file {path}: {key} is a {type(value).__name__}, must be {allowed}")
+        if (
+            not isinstance(value, kinds)
+            or (key in ("step", "loss") and isinstance(value, bool))
+            or (key == "step" and value < 0)
+        ):
+            allowed = (
+                "a non-negative int" if key == "step" else " or ".join(k.__name__ for k in kinds)
+            )
+            raise CheckpointError(
+                f"checkpoint file {path}: {key} is a {type(value).__name__}, must be {allowed}"
+            )
     return payload

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from torch import nn
+
 from trainopt.validation import check_int
 
 __all__ = [
@@ -214,7 +215,9 @@ class _RunningClipper:
         return torch.minimum(norm, threshold)
 
     @torch.no_grad()
-    def clip(self, model_or_params: Parameters, total_norm: torch.Tensor | None = None) -> torch.Tensor:
+    def clip(
+        self, model_or_params: Parameters, total_norm: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Clip the gradients at the current threshold, update the statistics, return the norm.
 
         Args:
@@ -243,8 +246,12 @@ class _RunningClipper:
 
     def state_dict(self) -> dict[str, Any]:
         """Hyperparameters and statistics (tensors), loadable with ``weights_only=True``."""
-        state: dict[str, Any] = {k: v for k, v in vars(self).items() if not isinstance(v, torch.Tensor)}
-        state.update({k: getattr(self, k).detach().clone() for k in (*self._float_keys, "last_clipped")})
+        state: dict[str, Any] = {
+            k: v for k, v in vars(self).items() if not isinstance(v, torch.Tensor)
+        }
+        state.update(
+            {k: getattr(self, k).detach().clone() for k in (*self._float_keys, "last_clipped")}
+        )
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -254,7 +261,11 @@ class _RunningClipper:
             raise KeyError(f"{type(self).__name__} state_dict is missing {missing}")
         device = self.mean.device
         for key, value in state_dict.items():
-            setattr(self, key, value.detach().clone().to(device) if isinstance(value, torch.Tensor) else value)
+            setattr(
+                self,
+                key,
+                value.detach().clone().to(device) if isinstance(value, torch.Tensor) else value,
+            )
 
 
 class AdaptiveGradientClipper(_RunningClipper):
@@ -305,7 +316,9 @@ class AdaptiveGradientClipper(_RunningClipper):
 
     def _threshold(self) -> torch.Tensor:
         warm = self.count >= max(self.warmup_steps, 1)
-        return torch.where(warm, self.factor * self.mean, torch.full_like(self.mean, self.initial_norm))
+        return torch.where(
+            warm, self.factor * self.mean, torch.full_like(self.mean, self.initial_norm)
+        )
 
     def _observed(self, norm: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
         warm = self.count >= max(self.warmup_steps, 1)
@@ -356,7 +369,9 @@ class ZScoreClipper(_RunningClipper):
     def _threshold(self) -> torch.Tensor:
         std = torch.maximum(self.var.clamp_min(0).sqrt(), self.eps * self.mean.abs())
         warm = self.count >= max(self.warmup_steps, 2)
-        return torch.where(warm, self.mean + self.z_threshold * std, torch.full_like(self.mean, math.inf))
+        return torch.where(
+            warm, self.mean + self.z_threshold * std, torch.full_like(self.mean, math.inf)
+        )
 
     def z_score(self, norm: torch.Tensor) -> torch.Tensor:
         """The z-score of ``norm`` against the current statistics (a tensor, no sync)."""

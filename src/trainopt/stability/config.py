@@ -36,8 +36,12 @@ from trainopt.validation import check_int, check_number
 __all__ = ["Detection", "Rollback", "deprecated_name", "grouped_settings"]
 
 # old name -> the one name it now has
-RENAMED = {"max_recovery_attempts": "max_rollbacks", "save_frequency": "save_every",
-           "spike_threshold": "spike_factor", "threshold": "spike_factor"}
+RENAMED = {
+    "max_recovery_attempts": "max_rollbacks",
+    "save_frequency": "save_every",
+    "spike_threshold": "spike_factor",
+    "threshold": "spike_factor",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +80,15 @@ class Detection:
         check_int("window_size", self.window_size, 2, owner="Detection")
         check_int("min_history", self.min_history, 2, owner="Detection")
         if self.min_history > self.window_size:
-            raise ValueError(f"Detection.min_history must be <= window_size ({self.window_size}), "
-                             f"got min_history={self.min_history}")
+            raise ValueError(
+                f"Detection.min_history must be <= window_size ({self.window_size}), "
+                f"got min_history={self.min_history}"
+            )
         if not isinstance(self.skip_unstable, bool):
-            raise ValueError(f"Detection.skip_unstable must be True or False, "
-                             f"got skip_unstable={self.skip_unstable!r}")
+            raise ValueError(
+                f"Detection.skip_unstable must be True or False, "
+                f"got skip_unstable={self.skip_unstable!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,13 +151,15 @@ def deprecated_name(owner: str, old: str, value: Any, new_value: Any, default: A
     new = RENAMED[old]
     if new_value != default:
         raise TypeError(f"{owner}() got both {old}= and {new}= (the same knob): give {new}= only")
-    warnings.warn(f"{owner}({old}=...) is deprecated: say {new}=...", DeprecationWarning,
-                  stacklevel=3)
+    warnings.warn(
+        f"{owner}({old}=...) is deprecated: say {new}=...", DeprecationWarning, stacklevel=3
+    )
     return value
 
 
-def grouped_settings(owner: str, detection: Detection | None, rollback: Rollback | None,
-                     flat: dict[str, Any]) -> tuple[Detection, Rollback]:
+def grouped_settings(
+    owner: str, detection: Detection | None, rollback: Rollback | None, flat: dict[str, Any]
+) -> tuple[Detection, Rollback]:
     """Fold a front door's deprecated flat keywords into its :class:`Detection` and :class:`Rollback`.
 
     Example:
@@ -173,10 +183,14 @@ def grouped_settings(owner: str, detection: Detection | None, rollback: Rollback
         group = fields[name]
         cls_name = groups[group][0].__name__
         if groups[group][1] is not None:
-            raise TypeError(f"{owner}() got both {group}= and {name}=: give "
-                            f"{group}={cls_name}({name}=...) only")
-        warnings.warn(f"{owner}({name}=...) is deprecated: say {group}={cls_name}({name}=...)",
-                      DeprecationWarning, stacklevel=3)
+            raise TypeError(
+                f"{owner}() got both {group}= and {name}=: give {group}={cls_name}({name}=...) only"
+            )
+        warnings.warn(
+            f"{owner}({name}=...) is deprecated: say {group}={cls_name}({name}=...)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
         values[group][name] = value
     built = []
     for group, (cls, given) in groups.items():
@@ -186,8 +200,9 @@ def grouped_settings(owner: str, detection: Detection | None, rollback: Rollback
             # the same class from a second import of this module (a test harness that imports a
             # file by path): rebuilt field by field; anything else is refused
             if type(given).__name__ != cls.__name__ or not dataclasses.is_dataclass(given):
-                raise TypeError(f"{owner}({group}=...) must be a {cls.__name__}, "
-                                f"got a {type(given).__name__}")
+                raise TypeError(
+                    f"{owner}({group}=...) must be a {cls.__name__}, got a {type(given).__name__}"
+                )
             given = cls(**dataclasses.asdict(given))
         built.append(given)
     return built[0], built[1]

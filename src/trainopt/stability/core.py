@@ -42,8 +42,8 @@ from trainopt.stability.averaging import masked_update_parameters
 from trainopt.stability.buffers import BufferSnapshot
 from trainopt.stability.checker import StabilityChecker
 from trainopt.stability.checkpoint import CheckpointManager
-from trainopt.stability.config import Detection, Rollback
 from trainopt.stability.clipping import clip_grads_with_norm_
+from trainopt.stability.config import Detection, Rollback
 from trainopt.stability.distributed import barrier, broadcast_from_rank0, is_main_process
 from trainopt.stability.gradients import GradientMonitor
 from trainopt.stability.monitors import LossStabilityMonitor
@@ -59,11 +59,17 @@ __all__ = ["CoreView", "GuardedUpdate", "build_checker", "build_recovery"]
 logger = logging.getLogger("trainopt.stability")
 
 # Why a step was flagged, as bits of the per-step code the boundary reads.
-_REASONS = ((1, "non-finite loss"), (2, "loss spike"), (4, "non-finite gradient norm"), (8, "gradient explosion"))
+_REASONS = (
+    (1, "non-finite loss"),
+    (2, "loss spike"),
+    (4, "non-finite gradient norm"),
+    (8, "gradient explosion"),
+)
 
 
-def build_checker(detection: Detection, monitored: Any, check_every: int,
-                  process_group: Any = None) -> StabilityChecker:
+def build_checker(
+    detection: Detection, monitored: Any, check_every: int, process_group: Any = None
+) -> StabilityChecker:
     """The :class:`~trainopt.stability.checker.StabilityChecker` of a front door's ``detection``.
 
     Example:
@@ -75,15 +81,34 @@ def build_checker(detection: Detection, monitored: Any, check_every: int,
         >>> checker.min_history, checker.loss_monitor.detector.window_size
         (10, 50)
     """
-    losses = LossStabilityMonitor(detection.window_size, spike_factor=detection.spike_factor,
-                                  check_every=check_every, min_history=detection.min_history)
-    grads = GradientMonitor(monitored, detection.window_size, detection.explosion_factor,
-                            detection.min_history, check_every)
-    return StabilityChecker(monitored, losses, grads, check_every=check_every, process_group=process_group)
+    losses = LossStabilityMonitor(
+        detection.window_size,
+        spike_factor=detection.spike_factor,
+        check_every=check_every,
+        min_history=detection.min_history,
+    )
+    grads = GradientMonitor(
+        monitored,
+        detection.window_size,
+        detection.explosion_factor,
+        detection.min_history,
+        check_every,
+    )
+    return StabilityChecker(
+        monitored, losses, grads, check_every=check_every, process_group=process_group
+    )
 
 
-def build_recovery(rollback: Rollback, model: Any, optimizer: Any, checkpoint_dir: Any, *,
-                   check_every: int, scheduler: Any = None, scaler: Any = None) -> TrainingRecovery:
+def build_recovery(
+    rollback: Rollback,
+    model: Any,
+    optimizer: Any,
+    checkpoint_dir: Any,
+    *,
+    check_every: int,
+    scheduler: Any = None,
+    scaler: Any = None,
+) -> TrainingRecovery:
     """The :class:`~trainopt.stability.recovery.TrainingRecovery` of a front door's ``rollback``.
 
     Example:
@@ -97,11 +122,20 @@ def build_recovery(rollback: Rollback, model: Any, optimizer: Any, checkpoint_di
         >>> recovery.lr_factor, recovery.checkpoint_manager.save_every
         (0.25, 50)
     """
-    manager = CheckpointManager(checkpoint_dir, save_every=rollback.save_every or check_every,
-                                keep_last=rollback.keep_last)
-    return TrainingRecovery(model, optimizer, manager, scheduler=scheduler, scaler=scaler,
-                            lr_factor=rollback.lr_factor, skip_batches=rollback.skip_batches,
-                            max_rollbacks=rollback.max_rollbacks, patience=rollback.patience)
+    manager = CheckpointManager(
+        checkpoint_dir, save_every=rollback.save_every or check_every, keep_last=rollback.keep_last
+    )
+    return TrainingRecovery(
+        model,
+        optimizer,
+        manager,
+        scheduler=scheduler,
+        scaler=scaler,
+        lr_factor=rollback.lr_factor,
+        skip_batches=rollback.skip_batches,
+        max_rollbacks=rollback.max_rollbacks,
+        patience=rollback.patience,
+    )
 
 
 class GuardedUpdate:
@@ -143,10 +177,21 @@ class GuardedUpdate:
     """
 
     def __init__(  # noqa: PLR0913 - the update's collaborators, built by a front door
-        self, model: torch.nn.Module | None, optimizers: list[torch.optim.Optimizer], schedulers: list[Any], *,
-        checker: StabilityChecker, recovery: Any = None, check_every: int = 100,
-        max_grad_norm: float | None = None, clipper: Any = None, skip_unstable: bool = True,
-        averaged: list[Any] | None = None, data: Any = None, process_group: Any = None, scaler: Any = None,
+        self,
+        model: torch.nn.Module | None,
+        optimizers: list[torch.optim.Optimizer],
+        schedulers: list[Any],
+        *,
+        checker: StabilityChecker,
+        recovery: Any = None,
+        check_every: int = 100,
+        max_grad_norm: float | None = None,
+        clipper: Any = None,
+        skip_unstable: bool = True,
+        averaged: list[Any] | None = None,
+        data: Any = None,
+        process_group: Any = None,
+        scaler: Any = None,
         trajectory: Callable[[str], dict[str, Any]] | None = None,
     ) -> None:
         self.model, self.optimizers, self.schedulers = model, optimizers, schedulers
@@ -162,18 +207,29 @@ class GuardedUpdate:
         if model is not None:
             self.checker.gradient_monitor.watch_buffers(model)
         self._taken = False
-        self.params = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
+        self.params = [
+            p for opt in optimizers for group in opt.param_groups for p in group["params"]
+        ]
         self.device = self.params[0].device
         self.fused = [skips_in_kernel(opt) for opt in optimizers]
-        self.snapshots = [None if fused else StepSnapshot() for fused in self.fused]  # masked_step's copies
-        self.window = ScheduleWindow([(opt, None if is_metric_scheduler(sched) else sched)
-                                      for opt, sched in zip(optimizers, schedulers)], check_every)
+        self.snapshots = [
+            None if fused else StepSnapshot() for fused in self.fused
+        ]  # masked_step's copies
+        self.window = ScheduleWindow(
+            [
+                (opt, None if is_metric_scheduler(sched) else sched)
+                for opt, sched in zip(optimizers, schedulers)
+            ],
+            check_every,
+        )
         self.window.check()
         self.steps = 0  # guarded steps on this trajectory, applied or skipped
         self.window_start = 0  # steps at the last boundary (or rollback, or resume)
         self.last_save: int | None = None
         self.skipped = torch.zeros((), dtype=torch.long, device=self.device)  # in the open window
-        self.codes = torch.zeros(check_every, dtype=torch.uint8, device=self.device)  # why each was skipped
+        self.codes = torch.zeros(
+            check_every, dtype=torch.uint8, device=self.device
+        )  # why each was skipped
         self.skipped_steps = 0  # skipped steps on the current trajectory (rewound on rollback)
         self.skip_events = 0  # every step ever skipped, rolled back or not
         self.last_report: dict[str, Any] | None = None
@@ -239,8 +295,12 @@ class GuardedUpdate:
 
     def _code(self, skip: torch.Tensor) -> torch.Tensor:
         detector = self.checker.loss_monitor.detector
-        bits = (detector.last_nonfinite.long() | detector.last_spike.long() * 2
-                | self.checker.nonfinite_grads.long() * 4 | self.checker.gradient_monitor.last_explosion.long() * 8)
+        bits = (
+            detector.last_nonfinite.long()
+            | detector.last_spike.long() * 2
+            | self.checker.nonfinite_grads.long() * 4
+            | self.checker.gradient_monitor.last_explosion.long() * 8
+        )
         return (bits * skip.long()).to(torch.uint8)
 
     # -- the boundary ------------------------------------------------------------------------------
@@ -255,7 +315,9 @@ class GuardedUpdate:
         if self.buffers is not None:
             self.buffers.refresh()  # buffers registered in the window are copied from the next step on
         since = self.steps - self.window_start
-        skipped, *codes = torch.cat([self.skipped.view(1), self.codes[:since].long()]).tolist()  # one read
+        skipped, *codes = torch.cat(
+            [self.skipped.view(1), self.codes[:since].long()]
+        ).tolist()  # one read
         self.skipped.zero_()
         self.codes.zero_()
         self.skipped_steps += skipped
@@ -292,29 +354,44 @@ class GuardedUpdate:
         """
         if report["is_stable"]:
             return True
-        return (self.skip_unstable and report["max_streak"] <= 1 and report["weights_finite"]
-                and not report["loss"].get("diverging"))
+        return (
+            self.skip_unstable
+            and report["max_streak"] <= 1
+            and report["weights_finite"]
+            and not report["loss"].get("diverging")
+        )
 
     def _log_skips(self, codes: list[int]) -> None:
         for offset, code in enumerate(codes):
             if code:
                 why = ", ".join(name for bit, name in _REASONS if code & bit)
-                logger.info("step %d: skipped (%s)", self.window_start - len(codes) + offset + 1, why)
+                logger.info(
+                    "step %d: skipped (%s)", self.window_start - len(codes) + offset + 1, why
+                )
 
     def roll_back(self, reason: str) -> int:
         """Load the newest checkpoint, cut the rate, reopen the window at the cut rate; its step."""
         manager = self.recovery.checkpoint_manager
-        path = broadcast_from_rank0(manager.latest_path() if manager is not None else None, self.process_group)
+        path = broadcast_from_rank0(
+            manager.latest_path() if manager is not None else None, self.process_group
+        )
         at = self.steps
         restored = self.recovery.recover(reason, path=path, extra=self._extra("rollback"))
-        for opt, sched in zip(self.optimizers[1:], self.schedulers[1:]):  # the first is cut by the recovery
+        for opt, sched in zip(
+            self.optimizers[1:], self.schedulers[1:]
+        ):  # the first is cut by the recovery
             saved = lr_scale(opt)
             if saved != self.recovery.lr_scale:
                 scale_learning_rate(opt, self.recovery.lr_scale / saved, sched)
         self.window.reopen()
         self.window_start = self.steps
-        logger.warning("step %d: rolled back to step %d (%s); learning rate now x%g of the schedule",
-                       at, restored, reason, self.recovery.lr_scale)
+        logger.warning(
+            "step %d: rolled back to step %d (%s); learning rate now x%g of the schedule",
+            at,
+            restored,
+            reason,
+            self.recovery.lr_scale,
+        )
         return restored
 
     # -- checkpoints -------------------------------------------------------------------------------
@@ -336,21 +413,35 @@ class GuardedUpdate:
         self.last_save = self.steps
         extra = {**self._extra("save"), "recovery": self.recovery}
         if is_main_process(self.process_group):
-            manager.save_checkpoint(self.model, self.optimizers[0], self.steps, loss if math.isfinite(loss) else math.inf,
-                                    scheduler=self.schedulers[0], scaler=self.scaler, extra=extra)
+            manager.save_checkpoint(
+                self.model,
+                self.optimizers[0],
+                self.steps,
+                loss if math.isfinite(loss) else math.inf,
+                scheduler=self.schedulers[0],
+                scaler=self.scaler,
+                extra=extra,
+            )
         barrier(self.process_group)  # no rank reads the directory before the file is complete
 
     def resume(self) -> int | None:
         """Load the newest valid checkpoint into everything; return its step (``None``: none)."""
         manager = getattr(self.recovery, "checkpoint_manager", None)
         if manager is None:
-            raise ValueError("resume() needs checkpoint_dir= (or a recovery with a checkpoint_manager)")
+            raise ValueError(
+                "resume() needs checkpoint_dir= (or a recovery with a checkpoint_manager)"
+            )
         path = broadcast_from_rank0(manager.latest_path(), self.process_group)
         if path is None:
             return None
         step, _ = manager.load_checkpoint(
-            self.model, self.optimizers[0], path, scheduler=self.schedulers[0], scaler=self.scaler,
-            extra={**self._extra("resume"), "recovery": self.recovery}, restore_rng=False,
+            self.model,
+            self.optimizers[0],
+            path,
+            scheduler=self.schedulers[0],
+            scaler=self.scaler,
+            extra={**self._extra("resume"), "recovery": self.recovery},
+            restore_rng=False,
         )
         self.window.reopen()
         self.window_start = self.steps
@@ -365,11 +456,18 @@ class GuardedUpdate:
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, checker windows and clipper statistics (loads with ``weights_only=True``)."""
-        state = {"steps": self.steps, "skipped_steps": self.skipped_steps, "skip_events": self.skip_events,
-                 "skipped": self.skipped.detach().clone(), "checker": self.checker.state_dict(),
-                 "last_save": -1 if self.last_save is None else self.last_save,
-                 "window_start": self.window_start, "codes": self.codes.detach().clone(),
-                 "applied": self.window.applied_steps.detach().clone(), "position": self.window.position}
+        state = {
+            "steps": self.steps,
+            "skipped_steps": self.skipped_steps,
+            "skip_events": self.skip_events,
+            "skipped": self.skipped.detach().clone(),
+            "checker": self.checker.state_dict(),
+            "last_save": -1 if self.last_save is None else self.last_save,
+            "window_start": self.window_start,
+            "codes": self.codes.detach().clone(),
+            "applied": self.window.applied_steps.detach().clone(),
+            "position": self.window.position,
+        }
         if self.clipper is not None and hasattr(self.clipper, "state_dict"):
             state["clipper"] = self.clipper.state_dict()
         return state
@@ -380,7 +478,9 @@ class GuardedUpdate:
             state = {**state, "skipped_steps": state["total_skipped"]}
         required = ("steps", "skipped_steps", "skipped", "checker", "last_save", "skip_events")
         missing = [k for k in required if k not in state]
-        if ("clipper" in state) != (self.clipper is not None and hasattr(self.clipper, "state_dict")):
+        if ("clipper" in state) != (
+            self.clipper is not None and hasattr(self.clipper, "state_dict")
+        ):
             missing.append("clipper (in the state or in this stabilizer, not both)")
         if missing:
             raise KeyError(f"stabilizer state_dict does not fit: {missing}")
@@ -391,7 +491,9 @@ class GuardedUpdate:
         self.skipped_steps = int(state["skipped_steps"])
         self.last_save = None if int(state["last_save"]) < 0 else int(state["last_save"])
         self.skipped = state["skipped"].detach().clone().to(self.device)
-        self.window_start = int(state.get("window_start", self.steps - self.steps % self.check_every))
+        self.window_start = int(
+            state.get("window_start", self.steps - self.steps % self.check_every)
+        )
         if "codes" in state and state["codes"].numel() == self.check_every:
             self.codes = state["codes"].detach().clone().to(self.device)
         else:
@@ -448,15 +550,21 @@ class CoreView:
 
     def check(self) -> dict[str, Any]:
         """Deprecated: say :meth:`end_window`."""
-        warnings.warn(f"{type(self).__name__}.check() is deprecated: say end_window()",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"{type(self).__name__}.check() is deprecated: say end_window()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.end_window()
 
     @property
     def total_skipped(self) -> int:
         """Deprecated: say :attr:`skipped_steps`."""
-        warnings.warn(f"{type(self).__name__}.total_skipped is deprecated: say skipped_steps",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"{type(self).__name__}.total_skipped is deprecated: say skipped_steps",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.core.skipped_steps
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
 from trainopt.validation import check_int
 
 __all__ = ["ResumableDataLoader", "ResumableSampler"]
@@ -60,7 +61,9 @@ class ResumableSampler(torch.utils.data.Sampler[list[int]]):
         for name, value in (("num_samples", num_samples), ("batch_size", batch_size)):
             check_int(name, value, 1)
         if batch_size > num_samples:
-            raise ValueError(f"batch_size must not exceed num_samples, got {batch_size=}, {num_samples=}")
+            raise ValueError(
+                f"batch_size must not exceed num_samples, got {batch_size=}, {num_samples=}"
+            )
         self.num_samples, self.batch_size, self.seed = num_samples, batch_size, int(seed)
         self.epoch = 0
         self.position = 0  # batches of this epoch handed out
@@ -78,7 +81,7 @@ class ResumableSampler(torch.utils.data.Sampler[list[int]]):
         while self.position < len(self):
             start = self.position * self.batch_size
             self.position += 1
-            yield order[start:start + self.batch_size].tolist()
+            yield order[start : start + self.batch_size].tolist()
         self.epoch += 1
         self.position = 0
 
@@ -95,19 +98,26 @@ class ResumableSampler(torch.utils.data.Sampler[list[int]]):
             self.epoch, self.position = self.epoch + 1, 0
         start = self.position * self.batch_size
         self.position += 1
-        return self._permutation()[start:start + self.batch_size].tolist()
+        return self._permutation()[start : start + self.batch_size].tolist()
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch, the batches taken in it, and the settings they depend on."""
-        return {"num_samples": self.num_samples, "batch_size": self.batch_size, "seed": self.seed,
-                "epoch": self.epoch, "position": self.position}
+        return {
+            "num_samples": self.num_samples,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "position": self.position,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`'s position (the settings must match)."""
         for key in ("num_samples", "batch_size", "seed"):
             if state.get(key) != getattr(self, key):
-                raise ValueError(f"ResumableSampler state has {key}={state.get(key)!r}, this sampler "
-                                 f"{getattr(self, key)!r}: a position in other data")
+                raise ValueError(
+                    f"ResumableSampler state has {key}={state.get(key)!r}, this sampler "
+                    f"{getattr(self, key)!r}: a position in other data"
+                )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
@@ -125,7 +135,7 @@ class _LoaderSampler(ResumableSampler):
         for position in range(start, len(self)):
             self.position = position + 1  # batches fetched (workers fetch ahead)
             first = position * self.batch_size
-            batch = _Batch(order[first:first + self.batch_size].tolist())
+            batch = _Batch(order[first : first + self.batch_size].tolist())
             batch.seed = _batch_seed(self.seed, epoch, position)
             yield batch
         self.epoch, self.position = epoch + 1, 0
@@ -166,9 +176,11 @@ class _SeedEachBatch:
         try:
             dataset.__getitems__ = getitems
         except (AttributeError, TypeError) as exc:
-            raise TypeError(f"ResumableDataLoader seeds each batch in its workers through the data "
-                            f"set's __getitems__, which {type(dataset).__name__} does not let it "
-                            f"set: use num_workers=0, or a data set without __slots__") from exc
+            raise TypeError(
+                f"ResumableDataLoader seeds each batch in its workers through the data "
+                f"set's __getitems__, which {type(dataset).__name__} does not let it "
+                f"set: use num_workers=0, or a data set without __slots__"
+            ) from exc
 
 
 class ResumableDataLoader(torch.utils.data.DataLoader):
@@ -225,8 +237,10 @@ class ResumableDataLoader(torch.utils.data.DataLoader):
     def __init__(self, dataset: Any, batch_size: int = 1, seed: int = 0, **kwargs: Any) -> None:
         taken = sorted(set(kwargs) & set(_NOT_TAKEN))
         if taken:
-            raise ValueError(f"ResumableDataLoader sets {', '.join(taken)} itself: leave "
-                             f"{'it' if len(taken) == 1 else 'them'} out (batch_size=, seed= choose the batches)")
+            raise ValueError(
+                f"ResumableDataLoader sets {', '.join(taken)} itself: leave "
+                f"{'it' if len(taken) == 1 else 'them'} out (batch_size=, seed= choose the batches)"
+            )
         sampler = _LoaderSampler(len(dataset), batch_size, seed)
         if kwargs.get("num_workers", 0) > 0:
             kwargs["worker_init_fn"] = _SeedEachBatch(kwargs.get("worker_init_fn"))

@@ -24,8 +24,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_gather", "any_rank", "barrier", "broadcast_from_rank0", "is_main_process",
-           "max_over_ranks", "rank_and_world", "in_process_group"]
+__all__ = [
+    "all_gather",
+    "any_rank",
+    "barrier",
+    "broadcast_from_rank0",
+    "is_main_process",
+    "max_over_ranks",
+    "rank_and_world",
+    "in_process_group",
+]
 
 
 def in_process_group() -> bool:
@@ -71,7 +79,9 @@ def any_rank(flag: torch.Tensor, group: Any = None) -> torch.Tensor:
     return agreed.bool()
 
 
-def max_over_ranks(values: Sequence[float], device: torch.device | str = "cpu", group: Any = None) -> list[float]:
+def max_over_ranks(
+    values: Sequence[float], device: torch.device | str = "cpu", group: Any = None
+) -> list[float]:
     """The largest value over ranks of each number (host values; NaN counts as the smallest).
 
     Example:
@@ -81,11 +91,16 @@ def max_over_ranks(values: Sequence[float], device: torch.device | str = "cpu", 
     """
     if not in_process_group():
         return [float(v) for v in values]
-    packed = torch.tensor([-math.inf if math.isnan(v) else float(v) for v in values],
-                          dtype=torch.float64, device=device)
+    packed = torch.tensor(
+        [-math.inf if math.isnan(v) else float(v) for v in values],
+        dtype=torch.float64,
+        device=device,
+    )
     dist.all_reduce(packed, op=dist.ReduceOp.MAX, group=group)
-    return [math.nan if v == -math.inf and math.isnan(orig) else v
-            for v, orig in zip(packed.tolist(), values)]
+    return [
+        math.nan if v == -math.inf and math.isnan(orig) else v
+        for v, orig in zip(packed.tolist(), values)
+    ]
 
 
 def is_main_process(group: Any = None) -> bool:

@@ -35,17 +35,42 @@ __all__ = ["load_all_or_nothing"]
 
 
 def _hyperparameters(cls: type) -> set[str]:
-    return {name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "params")}
+    return {
+        name
+        for name in inspect.signature(cls.__init__).parameters
+        if name not in ("self", "params")
+    }
 
 
-_ALL_HYPERPARAMETERS = set().union(*(
-    _hyperparameters(cls) for cls in vars(torch.optim).values()
-    if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer))
+_ALL_HYPERPARAMETERS = set().union(
+    *(
+        _hyperparameters(cls)
+        for cls in vars(torch.optim).values()
+        if isinstance(cls, type)
+        and issubclass(cls, torch.optim.Optimizer)
+        and cls is not torch.optim.Optimizer
+    )
+)
 
 # State that torch.optim keeps in the shape of its parameter (Adafactor's row_var and col_var,
 # LBFGS's flat vectors are not; they are checked against the optimizer's own state where it has some).
-_PER_PARAMETER = frozenset({"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "square_avg",
-                            "acc_delta", "sum", "exp_inf", "ax", "prev", "step_size", "grad_avg", "variance"})
+_PER_PARAMETER = frozenset(
+    {
+        "exp_avg",
+        "exp_avg_sq",
+        "max_exp_avg_sq",
+        "momentum_buffer",
+        "square_avg",
+        "acc_delta",
+        "sum",
+        "exp_inf",
+        "ax",
+        "prev",
+        "step_size",
+        "grad_avg",
+        "variance",
+    }
+)
 
 
 def _model_misfit(model: torch.nn.Module, loaded: Any) -> str | None:
@@ -59,17 +84,29 @@ def _model_misfit(model: torch.nn.Module, loaded: Any) -> str | None:
         if key not in loaded or not torch.is_tensor(ours):
             continue
         if not torch.is_tensor(loaded[key]):
-            wrong.append(f"{key}: a {type(loaded[key]).__name__} in the file, a tensor in the model")
+            wrong.append(
+                f"{key}: a {type(loaded[key]).__name__} in the file, a tensor in the model"
+            )
         elif loaded[key].shape != ours.shape:
-            wrong.append(f"{key}: {tuple(loaded[key].shape)} in the file, {tuple(ours.shape)} in the model")
-    problems = ([f"missing keys {missing[:5]}"] if missing else []) + \
-        ([f"unexpected keys {unexpected[:5]}"] if unexpected else []) + wrong[:5]
+            wrong.append(
+                f"{key}: {tuple(loaded[key].shape)} in the file, {tuple(ours.shape)} in the model"
+            )
+    problems = (
+        ([f"missing keys {missing[:5]}"] if missing else [])
+        + ([f"unexpected keys {unexpected[:5]}"] if unexpected else [])
+        + wrong[:5]
+    )
     return "; ".join(problems) or None
 
 
-def _optimizer_misfit(optimizer: torch.optim.Optimizer, loaded: Any, names: dict[int, str]) -> str | None:
-    if not isinstance(loaded, dict) or not isinstance(loaded.get("param_groups"), list) \
-            or not isinstance(loaded.get("state"), dict):
+def _optimizer_misfit(
+    optimizer: torch.optim.Optimizer, loaded: Any, names: dict[int, str]
+) -> str | None:
+    if (
+        not isinstance(loaded, dict)
+        or not isinstance(loaded.get("param_groups"), list)
+        or not isinstance(loaded.get("state"), dict)
+    ):
         return "not an optimizer state dict: it needs a list 'param_groups' and a dict 'state'"
     groups = loaded["param_groups"]
     if len(groups) != len(optimizer.param_groups):
@@ -78,17 +115,23 @@ def _optimizer_misfit(optimizer: torch.optim.Optimizer, loaded: Any, names: dict
         if not isinstance(group, dict) or not isinstance(group.get("params"), list):
             return f"param_groups[{index}] is not a dict with a list 'params'"
         if len(group["params"]) != len(ours["params"]):
-            return (f"param_groups[{index}] has {len(group['params'])} parameters in the file, "
-                    f"{len(ours['params'])} in the optimizer")
+            return (
+                f"param_groups[{index}] has {len(group['params'])} parameters in the file, "
+                f"{len(ours['params'])} in the optimizer"
+            )
         own = _hyperparameters(type(optimizer)) | set(optimizer.defaults) | set(ours)
         foreign = sorted((set(group) & _ALL_HYPERPARAMETERS) - own)
         if foreign:
-            return (f"param_groups[{index}] has {foreign}, settings that {type(optimizer).__name__} does not "
-                    "have: a checkpoint of another optimizer")
+            return (
+                f"param_groups[{index}] has {foreign}, settings that {type(optimizer).__name__} does not "
+                "have: a checkpoint of another optimizer"
+            )
     return _optimizer_state_misfit(optimizer, groups, loaded["state"], names)
 
 
-def _expected_shape(key: str, value: torch.Tensor, param: torch.Tensor, current: Any) -> torch.Size | None:
+def _expected_shape(
+    key: str, value: torch.Tensor, param: torch.Tensor, current: Any
+) -> torch.Size | None:
     """The shape a state tensor must have: its current state's, its parameter's, or free (``None``)."""
     if torch.is_tensor(current):
         return current.shape
@@ -97,8 +140,12 @@ def _expected_shape(key: str, value: torch.Tensor, param: torch.Tensor, current:
     return None
 
 
-def _optimizer_state_misfit(optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]],
-                            state: dict[Any, Any], names: dict[int, str]) -> str | None:
+def _optimizer_state_misfit(
+    optimizer: torch.optim.Optimizer,
+    groups: list[dict[str, Any]],
+    state: dict[Any, Any],
+    names: dict[int, str],
+) -> str | None:
     """Before loading: each parameter's saved state has the shapes its parameter's state has."""
     for g, (group, ours) in enumerate(zip(groups, optimizer.param_groups)):
         for position, (index, param) in enumerate(zip(group["params"], ours["params"])):
@@ -117,13 +164,26 @@ def _optimizer_state_misfit(optimizer: torch.optim.Optimizer, groups: list[dict[
                     continue
                 expected = _expected_shape(key, value, param, current.get(key))
                 if expected is not None and value.shape != expected:
-                    return (f"{where}: state {key!r} has shape {tuple(value.shape)} in the file, "
-                            f"{tuple(expected)} in the optimizer: saved for another model or parameter order")
+                    return (
+                        f"{where}: state {key!r} has shape {tuple(value.shape)} in the file, "
+                        f"{tuple(expected)} in the optimizer: saved for another model or parameter order"
+                    )
     return None
 
 
-_PER_GROUP = ("base_lrs", "_last_lr", "lr_lambdas", "max_lrs", "min_lrs", "base_momentums", "max_momentums",
-              "cycle_base_lrs", "cycle_max_lrs", "ratios", "_schedulers")
+_PER_GROUP = (
+    "base_lrs",
+    "_last_lr",
+    "lr_lambdas",
+    "max_lrs",
+    "min_lrs",
+    "base_momentums",
+    "max_momentums",
+    "cycle_base_lrs",
+    "cycle_max_lrs",
+    "ratios",
+    "_schedulers",
+)
 
 
 def _kind(value: Any) -> str | None:
@@ -154,6 +214,7 @@ def _put_back_optimizer(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
 
     def put_back() -> None:
         optimizer.state, optimizer.param_groups = state, groups
+
     return put_back
 
 
@@ -162,8 +223,12 @@ def _put_back(obj: Any) -> Callable[[], None]:
     return lambda: obj.load_state_dict(saved)
 
 
-def load_all_or_nothing(model: torch.nn.Module, model_state: dict[str, Any],
-                        pieces: list[tuple[str, Any, Any]], fail: Callable[[str, str], Exception]) -> None:
+def load_all_or_nothing(
+    model: torch.nn.Module,
+    model_state: dict[str, Any],
+    pieces: list[tuple[str, Any, Any]],
+    fail: Callable[[str, str], Exception],
+) -> None:
     """Load ``model_state`` and each piece's state, or nothing at all.
 
     Args:

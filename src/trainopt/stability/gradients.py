@@ -79,8 +79,17 @@ class GradientMonitor:
         (0, 1)
     """
 
-    _tensor_keys = ("buffer", "grad_norm", "param_norm", "group_grad_norms", "group_param_norms",
-                    "window_max_grad_norm", "window_explosions", "window_nonfinite", "last_explosion")
+    _tensor_keys = (
+        "buffer",
+        "grad_norm",
+        "param_norm",
+        "group_grad_norms",
+        "group_param_norms",
+        "window_max_grad_norm",
+        "window_explosions",
+        "window_nonfinite",
+        "last_explosion",
+    )
 
     def __init__(
         self,
@@ -143,7 +152,9 @@ class GradientMonitor:
         """The global gradient norm of the current gradients (and each group's), not yet folded in."""
         device = self.buffer.device
         group_grads = [
-            torch.linalg.vector_norm(_stacked_norms([p.grad for p in group if p.grad is not None], device))
+            torch.linalg.vector_norm(
+                _stacked_norms([p.grad for p in group if p.grad is not None], device)
+            )
             for group in self.groups
         ]
         self.group_grad_norms = torch.stack(group_grads)
@@ -162,7 +173,9 @@ class GradientMonitor:
         self.window_explosions.add_(self.last_explosion)  # bools into long counters: no conversion
         self.window_nonfinite.add_(self.last_nonfinite)
         self.window_max_grad_norm = torch.fmax(self.window_max_grad_norm, value)
-        self.buffer[self.steps % self.window_size] = torch.where(self.last_explosion, math.nan, value)
+        self.buffer[self.steps % self.window_size] = torch.where(
+            self.last_explosion, math.nan, value
+        )
         self.steps += 1
         return self.grad_norm
 
@@ -180,13 +193,22 @@ class GradientMonitor:
         self.param_norm = torch.linalg.vector_norm(self.group_param_norms)
         filled = self.buffer[: min(self.steps, self.window_size)]
         median = nanmedian(filled) if filled.numel() else torch.full((), math.nan)
-        bad_buffers = (nonfinite_buffers(self.buffers_of, device) if self.buffers_of is not None
-                       else torch.zeros((), dtype=torch.long, device=device))
-        scalars = torch.stack([
-            self.grad_norm, self.param_norm, median.to(self.grad_norm.device),
-            self.window_max_grad_norm, self.window_explosions.float(), self.window_nonfinite.float(),
-            bad_buffers.float().to(self.grad_norm.device),
-        ])
+        bad_buffers = (
+            nonfinite_buffers(self.buffers_of, device)
+            if self.buffers_of is not None
+            else torch.zeros((), dtype=torch.long, device=device)
+        )
+        scalars = torch.stack(
+            [
+                self.grad_norm,
+                self.param_norm,
+                median.to(self.grad_norm.device),
+                self.window_max_grad_norm,
+                self.window_explosions.float(),
+                self.window_nonfinite.float(),
+                bad_buffers.float().to(self.grad_norm.device),
+            ]
+        )
         packed = torch.cat([scalars, self.group_grad_norms, self.group_param_norms]).tolist()
         n = len(self.groups)
         grad, param, median_v, max_v, explosions, nonfinite, buffers = packed[:7]
@@ -200,8 +222,8 @@ class GradientMonitor:
             "explosions": int(explosions),
             "nonfinite": int(nonfinite),
             "nonfinite_buffers": int(buffers),
-            "group_grad_norms": packed[7:7 + n],
-            "group_param_norms": packed[7 + n:],
+            "group_grad_norms": packed[7 : 7 + n],
+            "group_param_norms": packed[7 + n :],
         }
 
     def check(self) -> dict[str, Any]:
@@ -212,8 +234,10 @@ class GradientMonitor:
 
     def state_dict(self) -> dict[str, Any]:
         """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
-        settings = {k: getattr(self, k) for k in
-                    ("window_size", "explosion_factor", "min_history", "check_every", "steps")}
+        settings = {
+            k: getattr(self, k)
+            for k in ("window_size", "explosion_factor", "min_history", "check_every", "steps")
+        }
         return {**settings, **{k: getattr(self, k).detach().clone() for k in self._tensor_keys}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -222,11 +246,15 @@ class GradientMonitor:
         if missing:
             raise KeyError(f"GradientMonitor state_dict is missing {missing}")
         if len(state["group_grad_norms"]) != len(self.groups):
-            raise ValueError(f"GradientMonitor state has {len(state['group_grad_norms'])} parameter groups, "
-                             f"this monitor measures {len(self.groups)}")
+            raise ValueError(
+                f"GradientMonitor state has {len(state['group_grad_norms'])} parameter groups, "
+                f"this monitor measures {len(self.groups)}"
+            )
         device = self.buffer.device
         for key, value in state.items():
-            setattr(self, key, value.detach().clone().to(device) if torch.is_tensor(value) else value)
+            setattr(
+                self, key, value.detach().clone().to(device) if torch.is_tensor(value) else value
+            )
 
 
 @torch.no_grad()

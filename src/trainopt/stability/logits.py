@@ -42,7 +42,9 @@ def z_loss(logits: torch.Tensor, weight: float = 1e-4) -> torch.Tensor:
     return weight * torch.logsumexp(logits.float(), dim=-1).square().mean()
 
 
-def qk_norm(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def qk_norm(
+    q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     """RMS-normalise queries and keys over the head dimension, before the attention logits.
 
     Each vector then has norm :math:`\\sqrt{d}`, so every logit :math:`q \\cdot k / \\sqrt{d}` lies

@@ -44,14 +44,24 @@ class LossSpikeDetector:
         (False, True)
     """
 
-    def __init__(self, spike_factor: float = 4.0, window_size: int = 100, min_history: int = 20, *,
-                 threshold: float | None = None) -> None:
-        spike_factor = deprecated_name("LossSpikeDetector", "threshold", threshold, spike_factor, 4.0)
+    def __init__(
+        self,
+        spike_factor: float = 4.0,
+        window_size: int = 100,
+        min_history: int = 20,
+        *,
+        threshold: float | None = None,
+    ) -> None:
+        spike_factor = deprecated_name(
+            "LossSpikeDetector", "threshold", threshold, spike_factor, 4.0
+        )
         _check_positive("spike_factor", spike_factor)
         _check_int("window_size", window_size, 2)
         _check_int("min_history", min_history, 2)
         if min_history > window_size:
-            raise ValueError(f"min_history must be <= window_size, got {min_history=}, {window_size=}")
+            raise ValueError(
+                f"min_history must be <= window_size, got {min_history=}, {window_size=}"
+            )
         self.spike_factor = float(spike_factor)
         self.window_size = window_size
         self.min_history = min_history
@@ -93,10 +103,14 @@ class LossSpikeDetector:
     def state_dict(self) -> dict[str, Any]:
         """Settings, the host counter and the device tensors (loads with ``weights_only=True``)."""
         return {
-            "spike_factor": self.spike_factor, "window_size": self.window_size,
-            "min_history": self.min_history, "steps": self.steps,
-            **{k: getattr(self, k).detach().clone()
-               for k in ("buffer", "last_z", "last_spike", "last_nonfinite", "num_spikes")},
+            "spike_factor": self.spike_factor,
+            "window_size": self.window_size,
+            "min_history": self.min_history,
+            "steps": self.steps,
+            **{
+                k: getattr(self, k).detach().clone()
+                for k in ("buffer", "last_z", "last_spike", "last_nonfinite", "num_spikes")
+            },
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -106,7 +120,9 @@ class LossSpikeDetector:
         if "threshold" in state:  # written by trainopt 0.4
             state["spike_factor"] = state.pop("threshold")
         for key, value in state.items():
-            setattr(self, key, value.detach().clone().to(device) if torch.is_tensor(value) else value)
+            setattr(
+                self, key, value.detach().clone().to(device) if torch.is_tensor(value) else value
+            )
 
 
 class LossStabilityMonitor:
@@ -136,10 +152,17 @@ class LossStabilityMonitor:
     """
 
     def __init__(
-        self, window_size: int = 100, spike_factor: float = 4.0, check_every: int = 100,
-        min_history: int = 20, *, threshold: float | None = None,
+        self,
+        window_size: int = 100,
+        spike_factor: float = 4.0,
+        check_every: int = 100,
+        min_history: int = 20,
+        *,
+        threshold: float | None = None,
     ) -> None:
-        spike_factor = deprecated_name("LossStabilityMonitor", "threshold", threshold, spike_factor, 4.0)
+        spike_factor = deprecated_name(
+            "LossStabilityMonitor", "threshold", threshold, spike_factor, 4.0
+        )
         _check_int("check_every", check_every, 1)
         self.detector = LossSpikeDetector(spike_factor, window_size, min_history)
         self.check_every = check_every
@@ -178,22 +201,33 @@ class LossStabilityMonitor:
         window = self.detector.window
         median = nanmedian(window) if window.numel() else torch.full((), math.nan)
         largest = nanmax(window) if window.numel() else median
-        values = torch.stack([
-            self.last_loss.float(), median.to(self.last_loss.device).float(),
-            largest.to(self.last_loss.device).float(),
-            self.detector.last_z.to(self.last_loss.device).float(), self.window_max_z.float(),
-            self.window_spikes.float(), self.window_nonfinite.float(),
-            self.detector.num_spikes.to(self.last_loss.device).float(),
-        ]).tolist()
+        values = torch.stack(
+            [
+                self.last_loss.float(),
+                median.to(self.last_loss.device).float(),
+                largest.to(self.last_loss.device).float(),
+                self.detector.last_z.to(self.last_loss.device).float(),
+                self.window_max_z.float(),
+                self.window_spikes.float(),
+                self.window_nonfinite.float(),
+                self.detector.num_spikes.to(self.last_loss.device).float(),
+            ]
+        ).tolist()
         last, median_v, largest_v, last_z, max_z, spikes, nonfinite, total = values
         if self.steps < self.detector.min_history and not nonfinite:
             status = "insufficient_data"
         else:
             status = "unstable" if spikes or nonfinite else "stable"
         return {
-            "steps": self.steps, "last_loss": last, "median": median_v, "window_max": largest_v,
-            "last_score": last_z, "max_score": max_z if max_z > -math.inf else math.nan,
-            "spikes": int(spikes), "nonfinite": int(nonfinite), "total_spikes": int(total),
+            "steps": self.steps,
+            "last_loss": last,
+            "median": median_v,
+            "window_max": largest_v,
+            "last_score": last_z,
+            "max_score": max_z if max_z > -math.inf else math.nan,
+            "spikes": int(spikes),
+            "nonfinite": int(nonfinite),
+            "total_spikes": int(total),
             "status": status,
         }
 
@@ -206,9 +240,12 @@ class LossStabilityMonitor:
     def state_dict(self) -> dict[str, Any]:
         """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
         return {
-            "check_every": self.check_every, "detector": self.detector.state_dict(),
-            **{k: getattr(self, k).detach().clone()
-               for k in ("window_spikes", "window_nonfinite", "window_max_z", "last_loss")},
+            "check_every": self.check_every,
+            "detector": self.detector.state_dict(),
+            **{
+                k: getattr(self, k).detach().clone()
+                for k in ("window_spikes", "window_nonfinite", "window_max_z", "last_loss")
+            },
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -38,8 +38,13 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["UnsupportedOptimizerError", "check_no_step_hooks", "check_skippable", "keep_state_on_device",
-           "skips_in_kernel"]
+__all__ = [
+    "UnsupportedOptimizerError",
+    "check_no_step_hooks",
+    "check_skippable",
+    "keep_state_on_device",
+    "skips_in_kernel",
+]
 
 
 class UnsupportedOptimizerError(ValueError):
@@ -103,7 +108,9 @@ def keep_state_on_device(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def _refuse(optimizer: torch.optim.Optimizer, why: str, instead: str) -> UnsupportedOptimizerError:
-    return UnsupportedOptimizerError(f"{type(optimizer).__name__} cannot be stabilized: {why}; {instead}")
+    return UnsupportedOptimizerError(
+        f"{type(optimizer).__name__} cannot be stabilized: {why}; {instead}"
+    )
 
 
 @contextlib.contextmanager
@@ -120,12 +127,16 @@ def _sync_errors(device: torch.device) -> Iterator[None]:
         torch.cuda.set_sync_debug_mode(previous)
 
 
-def _twin(optimizer: torch.optim.Optimizer, group: dict) -> tuple[torch.optim.Optimizer, torch.Tensor] | None:
+def _twin(
+    optimizer: torch.optim.Optimizer, group: dict
+) -> tuple[torch.optim.Optimizer, torch.Tensor] | None:
     """The same optimizer class and settings over a small parameter like the group's first."""
     first = group["params"][0]
     names = inspect.signature(type(optimizer).__init__).parameters
     settings = {k: v for k, v in group.items() if k in names and k not in ("params", "self")}
-    probe = torch.nn.Parameter(torch.zeros((2,) * first.ndim, dtype=first.dtype, device=first.device))
+    probe = torch.nn.Parameter(
+        torch.zeros((2,) * first.ndim, dtype=first.dtype, device=first.device)
+    )
     try:
         return type(optimizer)([probe], **settings), probe
     except Exception:  # a custom optimizer that needs more than its groups hold: nothing to learn
@@ -144,17 +155,27 @@ def _check_group_on_its_device(optimizer: torch.optim.Optimizer, group: dict, fu
     except RuntimeError as exc:
         if "synchroniz" not in str(exc):
             raise
-        raise _refuse(optimizer, f"its own step synchronises the host with the device on {probe.device}",
-                      "pass capturable=True or fused=True where it offers them, or use "
-                      "torch.optim.AdamW(..., fused=True)") from exc
+        raise _refuse(
+            optimizer,
+            f"its own step synchronises the host with the device on {probe.device}",
+            "pass capturable=True or fused=True where it offers them, or use "
+            "torch.optim.AdamW(..., fused=True)",
+        ) from exc
     for key, value in opt.state[probe].items():
         if not torch.is_tensor(value):
-            raise _refuse(optimizer, f"its state {key!r} is a Python {type(value).__name__}, which no "
-                          "device flag can restore", "use an optimizer whose state is tensors")
+            raise _refuse(
+                optimizer,
+                f"its state {key!r} is a Python {type(value).__name__}, which no "
+                "device flag can restore",
+                "use an optimizer whose state is tensors",
+            )
         if not fused and value.device != probe.device:
-            raise _refuse(optimizer, f"its state {key!r} lives on {value.device} while the parameters "
-                          f"are on {probe.device}, so undoing a skipped step reads the flag on the host",
-                          f"pass fused=True or capturable=True to {type(optimizer).__name__}")
+            raise _refuse(
+                optimizer,
+                f"its state {key!r} lives on {value.device} while the parameters "
+                f"are on {probe.device}, so undoing a skipped step reads the flag on the host",
+                f"pass fused=True or capturable=True to {type(optimizer).__name__}",
+            )
 
 
 def check_skippable(optimizer: torch.optim.Optimizer) -> None:
@@ -175,19 +196,31 @@ def check_skippable(optimizer: torch.optim.Optimizer) -> None:
         use dampening=0 (torch's default), or another optimizer
     """
     if isinstance(optimizer, torch.optim.LBFGS):
-        raise _refuse(optimizer, "it evaluates the loss several times per step through a closure",
-                      "use it without the stabilizer, or use torch.optim.AdamW(..., fused=True)")
+        raise _refuse(
+            optimizer,
+            "it evaluates the loss several times per step through a closure",
+            "use it without the stabilizer, or use torch.optim.AdamW(..., fused=True)",
+        )
     if isinstance(optimizer, torch.optim.SparseAdam):
-        raise _refuse(optimizer, "it needs sparse gradients, and the stabilizer measures and clips dense ones",
-                      "use torch.optim.Adam with dense gradients")
+        raise _refuse(
+            optimizer,
+            "it needs sparse gradients, and the stabilizer measures and clips dense ones",
+            "use torch.optim.Adam with dense gradients",
+        )
     fused = skips_in_kernel(optimizer)
     for index, group in enumerate(optimizer.param_groups):
-        if isinstance(optimizer, torch.optim.SGD) and group.get("momentum", 0) and group.get("dampening", 0):
+        if (
+            isinstance(optimizer, torch.optim.SGD)
+            and group.get("momentum", 0)
+            and group.get("dampening", 0)
+        ):
             raise _refuse(
-                optimizer, f"param_groups[{index}] has momentum and dampening={group['dampening']}: torch starts "
+                optimizer,
+                f"param_groups[{index}] has momentum and dampening={group['dampening']}: torch starts "
                 "the momentum buffer at the first gradient, undamped, and after a skipped first step no "
                 "buffer value gives that without reading the skip flag on the host",
-                "use dampening=0 (torch's default), or another optimizer")
+                "use dampening=0 (torch's default), or another optimizer",
+            )
         if group["params"]:
             _check_group_on_its_device(optimizer, group, fused)
 
@@ -195,10 +228,12 @@ def check_skippable(optimizer: torch.optim.Optimizer) -> None:
 def _step_hooks(optimizer: torch.optim.Optimizer) -> list[tuple[str, object]]:
     from torch.optim import optimizer as torch_optimizer
 
-    tables = (("pre hook of this optimizer", getattr(optimizer, "_optimizer_step_pre_hooks", {})),
-              ("post hook of this optimizer", getattr(optimizer, "_optimizer_step_post_hooks", {})),
-              ("global pre hook", torch_optimizer._global_optimizer_pre_hooks),
-              ("global post hook", torch_optimizer._global_optimizer_post_hooks))
+    tables = (
+        ("pre hook of this optimizer", getattr(optimizer, "_optimizer_step_pre_hooks", {})),
+        ("post hook of this optimizer", getattr(optimizer, "_optimizer_step_post_hooks", {})),
+        ("global pre hook", torch_optimizer._global_optimizer_pre_hooks),
+        ("global post hook", torch_optimizer._global_optimizer_post_hooks),
+    )
     return [(kind, hook) for kind, hooks in tables for hook in hooks.values()]
 
 
@@ -232,13 +267,21 @@ def check_no_step_hooks(optimizer: torch.optim.Optimizer) -> None:
     """
     from torch.optim import optimizer as torch_optimizer
 
-    if not (getattr(optimizer, "_optimizer_step_pre_hooks", None) or torch_optimizer._global_optimizer_pre_hooks
-            or getattr(optimizer, "_optimizer_step_post_hooks", None)
-            or torch_optimizer._global_optimizer_post_hooks):
+    if not (
+        getattr(optimizer, "_optimizer_step_pre_hooks", None)
+        or torch_optimizer._global_optimizer_pre_hooks
+        or getattr(optimizer, "_optimizer_step_post_hooks", None)
+        or torch_optimizer._global_optimizer_post_hooks
+    ):
         return
-    named = ", ".join(f"{kind} {getattr(hook, '__qualname__', None) or repr(hook)}"
-                      for kind, hook in _step_hooks(optimizer))
-    raise _refuse(optimizer, f"it has optimizer step hooks, which would run on skipped steps too: {named}",
-                  "remove them (handle.remove()); for an EMA or SWA of the weights, pass a "
-                  "torch.optim.swa_utils.AveragedModel to the stabilizer's averaged= (or call "
-                  "trainopt.stability.masked_update_parameters), which leaves it unchanged on skipped steps")
+    named = ", ".join(
+        f"{kind} {getattr(hook, '__qualname__', None) or repr(hook)}"
+        for kind, hook in _step_hooks(optimizer)
+    )
+    raise _refuse(
+        optimizer,
+        f"it has optimizer step hooks, which would run on skipped steps too: {named}",
+        "remove them (handle.remove()); for an EMA or SWA of the weights, pass a "
+        "torch.optim.swa_utils.AveragedModel to the stabilizer's averaged= (or call "
+        "trainopt.stability.masked_update_parameters), which leaves it unchanged on skipped steps",
+    )

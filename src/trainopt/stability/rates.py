@@ -39,7 +39,13 @@ from torch.optim import lr_scheduler as torch_schedulers
 from trainopt.schedules.adaptive import AdaptiveLearningRate
 from trainopt.schedules.cyclical import CyclicalLearningRate
 
-__all__ = ["LR_SCALE_KEY", "UnsupportedSchedulerError", "check_scalable", "lr_scale", "scale_learning_rate"]
+__all__ = [
+    "LR_SCALE_KEY",
+    "UnsupportedSchedulerError",
+    "check_scalable",
+    "lr_scale",
+    "scale_learning_rate",
+]
 
 LR_SCALE_KEY = "lr_scale"
 
@@ -97,10 +103,19 @@ def _nested(scheduler: Any, factor: float) -> None:
 
 
 _HANDLERS: dict[type, Callable[[Any, float], None]] = {
-    **{cls: _lr_lists for cls in (
-        torch_schedulers.LambdaLR, torch_schedulers.MultiplicativeLR, torch_schedulers.StepLR,
-        torch_schedulers.MultiStepLR, torch_schedulers.ConstantLR, torch_schedulers.LinearLR,
-        torch_schedulers.ExponentialLR, torch_schedulers.PolynomialLR)},
+    **{
+        cls: _lr_lists
+        for cls in (
+            torch_schedulers.LambdaLR,
+            torch_schedulers.MultiplicativeLR,
+            torch_schedulers.StepLR,
+            torch_schedulers.MultiStepLR,
+            torch_schedulers.ConstantLR,
+            torch_schedulers.LinearLR,
+            torch_schedulers.ExponentialLR,
+            torch_schedulers.PolynomialLR,
+        )
+    },
     torch_schedulers.CosineAnnealingLR: _cosine,
     torch_schedulers.CosineAnnealingWarmRestarts: _cosine,
     torch_schedulers.CyclicLR: lambda s, f: _lr_lists(s, f, "max_lrs"),
@@ -129,7 +144,8 @@ def check_scalable(scheduler: Any) -> None:
         known = sorted(cls.__name__ for cls in _HANDLERS)
         raise UnsupportedSchedulerError(
             f"scale_learning_rate cannot cut the rates of {type(scheduler).__name__}: it does not know where "
-            f"{type(scheduler).__name__} keeps them (supported: {', '.join(known)})")
+            f"{type(scheduler).__name__} keeps them (supported: {', '.join(known)})"
+        )
     for inner in getattr(scheduler, "_schedulers", []):
         check_scalable(inner)
 
@@ -148,7 +164,9 @@ def lr_scale(optimizer: torch.optim.Optimizer) -> float:
     return float(optimizer.param_groups[0].get(LR_SCALE_KEY, 1.0))
 
 
-def scale_learning_rate(optimizer: torch.optim.Optimizer, factor: float, scheduler: Any = None) -> None:
+def scale_learning_rate(
+    optimizer: torch.optim.Optimizer, factor: float, scheduler: Any = None
+) -> None:
     """Multiply the learning rate by ``factor`` now and in every later step of ``scheduler``.
 
     Scales each group's ``lr`` (a tensor rate in place), ``initial_lr`` and ``lr_scale``, and
@@ -175,7 +193,11 @@ def scale_learning_rate(optimizer: torch.optim.Optimizer, factor: float, schedul
         >>> round(opt.param_groups[0]["lr"], 6)  # at T_max: the floor eta_min=0.2, halved too
         0.1
     """
-    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor < math.inf:
+    if (
+        not isinstance(factor, (int, float))
+        or isinstance(factor, bool)
+        or not 0 < factor < math.inf
+    ):
         raise ValueError(f"factor must be a positive finite number, got {factor=}")
     check_scalable(scheduler)
     if scheduler is not None:

@@ -26,14 +26,20 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from trainopt.config.cli import ArgumentParser, UsageError, output_file, output_folder, positive_int, run_command
+from trainopt.config.cli import (
+    ArgumentParser,
+    UsageError,
+    output_file,
+    output_folder,
+    positive_int,
+    run_command,
+)
 from trainopt.models import digits_data, digits_mlp
 from trainopt.schedules.adapters import cosine_annealing_schedule
 from trainopt.stability.checkpoint import _atomic_write
@@ -71,8 +77,14 @@ def make_deterministic() -> None:
     torch.backends.cudnn.benchmark = False
 
 
-def build_run(checkpoint_dir: str | os.PathLike[str], steps: int, check_every: int, seed: int = 0,
-              lr: float = 3e-3, batch_size: int = 64) -> dict[str, Any]:
+def build_run(
+    checkpoint_dir: str | os.PathLike[str],
+    steps: int,
+    check_every: int,
+    seed: int = 0,
+    lr: float = 3e-3,
+    batch_size: int = 64,
+) -> dict[str, Any]:
     """Everything the recipe trains with, built from scratch (nothing is loaded yet).
 
     Example:
@@ -85,15 +97,25 @@ def build_run(checkpoint_dir: str | os.PathLike[str], steps: int, check_every: i
     x, y, _, _ = digits_data(seed=seed)
     model = digits_mlp(hidden=64, seed=seed, dropout=0.1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, fused=True)
-    scheduler = cosine_annealing_schedule(optimizer, total_steps=steps, warmup_steps=max(1, steps // 10),
-                                          min_lr=lr / 10)
+    scheduler = cosine_annealing_schedule(
+        optimizer, total_steps=steps, warmup_steps=max(1, steps // 10), min_lr=lr / 10
+    )
     loader = ResumableDataLoader(TensorDataset(x, y), batch_size=batch_size, seed=seed)
-    stabilizer = TrainingStabilizer(model, optimizer, scheduler, checkpoint_dir=checkpoint_dir,
-                                    check_every=check_every, clipper=ZScoreClipper(warmup_steps=10), data=loader)
+    stabilizer = TrainingStabilizer(
+        model,
+        optimizer,
+        scheduler,
+        checkpoint_dir=checkpoint_dir,
+        check_every=check_every,
+        clipper=ZScoreClipper(warmup_steps=10),
+        data=loader,
+    )
     return {"stabilizer": stabilizer, "loader": loader}
 
 
-def train(run: dict[str, Any], steps: int, faults: bool = False, log: Any = None) -> torch.nn.Module:
+def train(
+    run: dict[str, Any], steps: int, faults: bool = False, log: Any = None
+) -> torch.nn.Module:
     """Resume from the newest checkpoint if any, then train until the stabilizer has made ``steps`` steps.
 
     Example:
@@ -123,7 +145,11 @@ def train(run: dict[str, Any], steps: int, faults: bool = False, log: Any = None
                 with torch.no_grad():
                     for p in model.parameters():
                         p.add_(torch.randn_like(p) * 0.5)
-            if log is not None and stabilizer.steps % stabilizer.check_every == 0 and stabilizer.last_report:
+            if (
+                log is not None
+                and stabilizer.steps % stabilizer.check_every == 0
+                and stabilizer.last_report
+            ):
                 report = stabilizer.last_report
                 done = f"rolled back ({report['recovered']})" if report["recovered"] else "checked"
                 print(f"step {stabilizer.steps}: batch {drawn}, {done}", file=log, flush=True)
@@ -141,19 +167,40 @@ def build_parser() -> ArgumentParser:
         >>> args.steps, args.check_every, args.out.name, args.checkpoint_dir.as_posix()
         (50, 10, 'w.pt', 'checkpoints/recipe')
     """
-    parser = ArgumentParser(prog="python -m trainopt.stability.recipe", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint-dir", type=output_folder, default=DEFAULT_CHECKPOINT_DIR,
-                        help=f"checkpoints: read to resume, written (default "
-                             f"{DEFAULT_CHECKPOINT_DIR}: rerun from the same folder to continue)")
-    parser.add_argument("--steps", type=positive_int, required=True, help="training steps of the whole run")
-    parser.add_argument("--check-every", type=positive_int, default=10,
-                        help="steps between boundaries: checks, checkpoints, rollbacks (default 10)")
-    parser.add_argument("--out", type=output_file, required=True, help="where to torch.save the final state_dict")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the data order")
-    parser.add_argument("--faults", action="store_true", help="inject a NaN loss, a loss spike, bad weights")
-    parser.add_argument("--deterministic", action="store_true",
-                        help="deterministic kernels, for bitwise restarts on a GPU (CUBLAS_WORKSPACE_CONFIG and "
-                             "torch.use_deterministic_algorithms)")
+    parser = ArgumentParser(
+        prog="python -m trainopt.stability.recipe", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=output_folder,
+        default=DEFAULT_CHECKPOINT_DIR,
+        help=f"checkpoints: read to resume, written (default "
+        f"{DEFAULT_CHECKPOINT_DIR}: rerun from the same folder to continue)",
+    )
+    parser.add_argument(
+        "--steps", type=positive_int, required=True, help="training steps of the whole run"
+    )
+    parser.add_argument(
+        "--check-every",
+        type=positive_int,
+        default=10,
+        help="steps between boundaries: checks, checkpoints, rollbacks (default 10)",
+    )
+    parser.add_argument(
+        "--out", type=output_file, required=True, help="where to torch.save the final state_dict"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the weights and the data order"
+    )
+    parser.add_argument(
+        "--faults", action="store_true", help="inject a NaN loss, a loss spike, bad weights"
+    )
+    parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="deterministic kernels, for bitwise restarts on a GPU (CUBLAS_WORKSPACE_CONFIG and "
+        "torch.use_deterministic_algorithms)",
+    )
     return parser
 
 
@@ -177,7 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError("--checkpoint-dir", f"{args.checkpoint_dir} is a file, not a folder")
     if args.out.is_dir():
         raise UsageError("--out", f"{args.out} is a folder: give a file name")
-    blocked = next((parent for parent in args.out.parents if parent.exists() and not parent.is_dir()), None)
+    blocked = next(
+        (parent for parent in args.out.parents if parent.exists() and not parent.is_dir()), None
+    )
     if blocked is not None:
         raise UsageError("--out", f"{blocked} is a file, so {args.out} cannot be written below it")
     torch.set_num_threads(1)  # one thread: the same floating-point order on every run

@@ -96,20 +96,34 @@ class TrainingRecovery:
         min_history: int | None = None,
         spike_threshold: float | None = None,
     ) -> None:
-        max_rollbacks = deprecated_name("TrainingRecovery", "max_recovery_attempts", max_recovery_attempts,
-                                        max_rollbacks, 3)
-        ignored = [name for name, value in (("spike_factor", spike_factor), ("explosion_factor", explosion_factor),
-                                            ("min_history", min_history), ("spike_threshold", spike_threshold))
-                   if value is not None]
+        max_rollbacks = deprecated_name(
+            "TrainingRecovery", "max_recovery_attempts", max_recovery_attempts, max_rollbacks, 3
+        )
+        ignored = [
+            name
+            for name, value in (
+                ("spike_factor", spike_factor),
+                ("explosion_factor", explosion_factor),
+                ("min_history", min_history),
+                ("spike_threshold", spike_threshold),
+            )
+            if value is not None
+        ]
         if ignored:  # 0.4 scored spikes here too; the monitors do it now, on the device
-            warnings.warn(f"TrainingRecovery({ignored[0]}=...) is deprecated and ignored: the monitors score "
-                          f"spikes; say detection=Detection({RENAMED.get(ignored[0], ignored[0])}=...) to the "
-                          "stabilizer or the guard", DeprecationWarning, stacklevel=2)
+            warnings.warn(
+                f"TrainingRecovery({ignored[0]}=...) is deprecated and ignored: the monitors score "
+                f"spikes; say detection=Detection({RENAMED.get(ignored[0], ignored[0])}=...) to the "
+                "stabilizer or the guard",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         if not isinstance(lr_factor, (int, float)) or not 0 < lr_factor <= 1:
             raise ValueError(f"lr_factor must be in (0, 1], got {lr_factor=}")
-        for name, value, low in (("skip_batches", skip_batches, 0),
-                                 ("max_rollbacks", max_rollbacks, 1),
-                                 ("patience", patience, 1)):
+        for name, value, low in (
+            ("skip_batches", skip_batches, 0),
+            ("max_rollbacks", max_rollbacks, 1),
+            ("patience", patience, 1),
+        ):
             check_int(name, value, low)
         self.model = model
         self.optimizer = optimizer
@@ -120,7 +134,9 @@ class TrainingRecovery:
         self.skip_batches = skip_batches
         self.max_rollbacks = max_rollbacks
         self.patience = patience
-        check_scalable(scheduler)  # refuse a scheduler that would undo the cut now, not at a rollback
+        check_scalable(
+            scheduler
+        )  # refuse a scheduler that would undo the cut now, not at a rollback
         self.recovery_attempts = 0
         self.lr_scale = lr_scale(optimizer) if optimizer is not None else 1.0
         self.batches_to_skip = 0
@@ -143,7 +159,9 @@ class TrainingRecovery:
         if not report.get("weights_finite", True):
             return "non-finite weights"
         if report.get("loss", {}).get("diverging"):
-            return next((r for r in report.get("reasons", []) if r.startswith("diverging")), "diverging")
+            return next(
+                (r for r in report.get("reasons", []) if r.startswith("diverging")), "diverging"
+            )
         streak = int(report.get("max_streak", 0))
         if streak >= self.patience:
             return f"{streak} consecutive unstable steps ({', '.join(report.get('reasons', []))})"
@@ -151,20 +169,28 @@ class TrainingRecovery:
 
     def check(self, report: Mapping[str, Any]) -> str | None:
         """Deprecated: say :meth:`rollback_reason`."""
-        warnings.warn("TrainingRecovery.check(report) is deprecated: say rollback_reason(report)",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "TrainingRecovery.check(report) is deprecated: say rollback_reason(report)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.rollback_reason(report)
 
     @property
     def max_recovery_attempts(self) -> int:
         """Deprecated: say :attr:`max_rollbacks`."""
-        warnings.warn("TrainingRecovery.max_recovery_attempts is deprecated: say max_rollbacks",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "TrainingRecovery.max_recovery_attempts is deprecated: say max_rollbacks",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.max_rollbacks
 
     # -- recovery ------------------------------------------------------------------------------
 
-    def recover(self, reason: str = "instability", path: Any = None, extra: dict[str, Any] | None = None) -> int:
+    def recover(
+        self, reason: str = "instability", path: Any = None, extra: dict[str, Any] | None = None
+    ) -> int:
         """Roll back to a checkpoint, lower the learning rate; return the checkpoint's step.
 
         After the ``k``-th rollback the learning rates are ``lr_factor ** k`` times those of the
@@ -194,7 +220,9 @@ class TrainingRecovery:
         if path is None:
             restored = self.checkpoint_manager.load_latest(self.model, self.optimizer, **pieces)
         else:
-            restored = self.checkpoint_manager.load_checkpoint(self.model, self.optimizer, path, **pieces)
+            restored = self.checkpoint_manager.load_checkpoint(
+                self.model, self.optimizer, path, **pieces
+            )
         if restored is None:
             raise TrainingInstabilityError(
                 f"cannot recover from {reason}: no valid checkpoint in {self.checkpoint_manager.save_dir}"
@@ -204,7 +232,9 @@ class TrainingRecovery:
         self.lr_scale *= self.lr_factor
         self._apply_lr_scale()
         self.batches_to_skip = self.skip_batches
-        self.history.append({"reason": reason, "restored_step": int(step), "lr_scale": self.lr_scale})
+        self.history.append(
+            {"reason": reason, "restored_step": int(step), "lr_scale": self.lr_scale}
+        )
         return int(step)
 
     def _apply_lr_scale(self) -> None:
@@ -225,13 +255,19 @@ class TrainingRecovery:
     def state_dict(self) -> dict[str, Any]:
         """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
         return {
-            "recovery_attempts": self.recovery_attempts, "lr_scale": self.lr_scale,
-            "batches_to_skip": self.batches_to_skip, "history": [dict(h) for h in self.history],
+            "recovery_attempts": self.recovery_attempts,
+            "lr_scale": self.lr_scale,
+            "batches_to_skip": self.batches_to_skip,
+            "history": [dict(h) for h in self.history],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
-        missing = [k for k in ("recovery_attempts", "lr_scale", "batches_to_skip", "history") if k not in state]
+        missing = [
+            k
+            for k in ("recovery_attempts", "lr_scale", "batches_to_skip", "history")
+            if k not in state
+        ]
         if missing:
             raise KeyError(f"TrainingRecovery state_dict is missing {missing}")
         self.recovery_attempts = int(state["recovery_attempts"])

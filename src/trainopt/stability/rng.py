@@ -27,7 +27,11 @@ def get_rng_state() -> dict[str, Any]:
     """
     version, internal, gauss = random.getstate()
     state: dict[str, Any] = {
-        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "python": {
+            "version": version,
+            "state": torch.tensor(internal, dtype=torch.int64),
+            "gauss": gauss,
+        },
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "numpy": None,
@@ -37,8 +41,13 @@ def get_rng_state() -> dict[str, Any]:
     except ImportError:  # pragma: no cover - numpy ships with torch's usual installs
         return state
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state["numpy"] = {"kind": str(kind), "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    state["numpy"] = {
+        "kind": str(kind),
+        "keys": torch.from_numpy(keys.astype("int64")),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
     return state
 
 
@@ -56,18 +65,30 @@ def set_rng_state(state: dict[str, Any]) -> None:
         True
     """
     py = state["python"]
-    random.setstate((int(py["version"]), tuple(int(v) for v in py["state"].cpu().tolist()), py["gauss"]))
+    random.setstate(
+        (int(py["version"]), tuple(int(v) for v in py["state"].cpu().tolist()), py["gauss"])
+    )
     torch.set_rng_state(state["torch"].cpu())
     cuda = state.get("cuda") or []
     if cuda and torch.cuda.is_available():
         if len(cuda) != torch.cuda.device_count():
-            warnings.warn(f"checkpoint has {len(cuda)} CUDA RNG states, this machine "
-                          f"{torch.cuda.device_count()} devices: restoring the common ones", stacklevel=2)
+            warnings.warn(
+                f"checkpoint has {len(cuda)} CUDA RNG states, this machine "
+                f"{torch.cuda.device_count()} devices: restoring the common ones",
+                stacklevel=2,
+            )
         for index, rng in enumerate(cuda[: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(rng.cpu(), index)
     if state.get("numpy") is not None:
         import numpy as np
 
         npy = state["numpy"]
-        np.random.set_state((npy["kind"], npy["keys"].cpu().numpy().astype("uint32"), npy["pos"],
-                             npy["has_gauss"], npy["cached_gaussian"]))
+        np.random.set_state(
+            (
+                npy["kind"],
+                npy["keys"].cpu().numpy().astype("uint32"),
+                npy["pos"],
+                npy["has_gauss"],
+                npy["cached_gaussian"],
+            )
+        )

@@ -15,7 +15,10 @@ __all__ = ["unscale_grads_", "update_scale_with_hysteresis_"]
 
 @torch.no_grad()
 def unscale_grads_(
-    optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor, allow_fp16: bool
+    optimizer: torch.optim.Optimizer,
+    inv_scale: torch.Tensor,
+    found_inf: torch.Tensor,
+    allow_fp16: bool,
 ) -> dict[torch.device, torch.Tensor]:
     """Multiply every gradient by ``inv_scale`` in place; return a ``found_inf`` flag per device.
 
@@ -32,7 +35,9 @@ def unscale_grads_(
         >>> w.grad, found[torch.device("cpu")]
         (tensor([1., inf]), tensor(1.))
     """
-    grads: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(lambda: defaultdict(list))
+    grads: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
     for group in optimizer.param_groups:
         for param in group["params"]:
             if param.grad is None:
@@ -50,14 +55,22 @@ def unscale_grads_(
         per_device[device] = found_inf.to(device)
         device_inv_scale = inv_scale.to(device)
         for tensors in by_dtype.values():
-            torch._amp_foreach_non_finite_check_and_unscale_(tensors, per_device[device], device_inv_scale)
+            torch._amp_foreach_non_finite_check_and_unscale_(
+                tensors, per_device[device], device_inv_scale
+            )
     return per_device
 
 
 @torch.no_grad()
 def update_scale_with_hysteresis_(
-    scale: torch.Tensor, growth: torch.Tensor, overflow: torch.Tensor, found_inf: torch.Tensor,
-    growth_factor: float, backoff_factor: float, growth_interval: int, hysteresis: int,
+    scale: torch.Tensor,
+    growth: torch.Tensor,
+    overflow: torch.Tensor,
+    found_inf: torch.Tensor,
+    growth_factor: float,
+    backoff_factor: float,
+    growth_interval: int,
+    hysteresis: int,
 ) -> None:
     """GradScaler's scale update, backing off only after ``hysteresis`` overflows in a row (in place).
 

@@ -144,8 +144,12 @@ class DynamicLossScaler:
 
     def _lazy_init(self, device: torch.device) -> None:
         self._scale = torch.full((), self._init_scale, dtype=torch.float32, device=device)
-        self._growth_tracker = torch.full((), self._init_growth_tracker, dtype=torch.int32, device=device)
-        self._overflow_tracker = torch.full((), self._init_overflow_tracker, dtype=torch.int32, device=device)
+        self._growth_tracker = torch.full(
+            (), self._init_growth_tracker, dtype=torch.int32, device=device
+        )
+        self._overflow_tracker = torch.full(
+            (), self._init_overflow_tracker, dtype=torch.int32, device=device
+        )
         self.skipped_steps = self.skipped_steps.to(device)
         self.last_found_inf = self.last_found_inf.to(device)
 
@@ -166,7 +170,9 @@ class DynamicLossScaler:
             return type(outputs)(self.scale(o) for o in outputs)
         if isinstance(outputs, Iterable):
             return map(self.scale, outputs)
-        raise TypeError(f"outputs must be a Tensor or an iterable of Tensors, got {type(outputs).__name__}")
+        raise TypeError(
+            f"outputs must be a Tensor or an iterable of Tensors, got {type(outputs).__name__}"
+        )
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide the optimizer's gradients by the scale in place and record inf/NaN (no sync).
@@ -178,7 +184,9 @@ class DynamicLossScaler:
         scale = self._require_scale("unscale_")
         state = self._per_optimizer[id(optimizer)]
         if state["stage"] is _Stage.UNSCALED:
-            raise RuntimeError("unscale_() has already been called on this optimizer since the last update()")
+            raise RuntimeError(
+                "unscale_() has already been called on this optimizer since the last update()"
+            )
         if state["stage"] is _Stage.STEPPED:
             raise RuntimeError("unscale_() is being called after step()")
         inv_scale = scale.double().reciprocal().float()  # as GradScaler: reciprocal in fp64
@@ -225,7 +233,9 @@ class DynamicLossScaler:
                 # check only (inv_scale = 1): the fused kernel divides by grad_scale itself
                 state["found_inf_per_device"] = unscale_grads_(optimizer, one, found, True)
                 grad_scale = scale * getattr(optimizer, "grad_scale", 1)
-            result = fused_step(optimizer, self.found_inf(optimizer), *args, grad_scale=grad_scale, **kwargs)
+            result = fused_step(
+                optimizer, self.found_inf(optimizer), *args, grad_scale=grad_scale, **kwargs
+            )
             state["stage"] = _Stage.STEPPED
             return result
 
@@ -238,7 +248,9 @@ class DynamicLossScaler:
                 check_skippable(optimizer)  # what masking cannot skip exactly is refused, once
                 self._skippable.add(id(optimizer))
             result = masked_step(optimizer, self.found_inf(optimizer), *args, **kwargs)
-        elif not sum(v.item() for v in state["found_inf_per_device"].values()):  # the GradScaler sync
+        elif not sum(
+            v.item() for v in state["found_inf_per_device"].values()
+        ):  # the GradScaler sync
             result = optimizer.step(*args, **kwargs)
         else:
             result = None
@@ -276,13 +288,24 @@ class DynamicLossScaler:
                 found_inf = found_inf + extra
             if self._hysteresis == 1:
                 torch._amp_update_scale_(
-                    scale, self._growth_tracker, found_inf,
-                    self._growth_factor, self._backoff_factor, self._growth_interval,
+                    scale,
+                    self._growth_tracker,
+                    found_inf,
+                    self._growth_factor,
+                    self._backoff_factor,
+                    self._growth_interval,
                 )
             else:
-                update_scale_with_hysteresis_(scale, self._growth_tracker, self._overflow_tracker, found_inf,
-                                              self._growth_factor, self._backoff_factor, self._growth_interval,
-                                              self._hysteresis)
+                update_scale_with_hysteresis_(
+                    scale,
+                    self._growth_tracker,
+                    self._overflow_tracker,
+                    found_inf,
+                    self._growth_factor,
+                    self._backoff_factor,
+                    self._growth_interval,
+                    self._hysteresis,
+                )
             self.skipped_steps.add_((found_inf > 0).to(self.skipped_steps.dtype))
             self.last_found_inf = found_inf
         self._per_optimizer = defaultdict(_fresh_state)
@@ -299,7 +322,11 @@ class DynamicLossScaler:
         """The current scale as a 0-d tensor on the loss's device (no sync)."""
         if not self._enabled:
             return torch.ones(())
-        return torch.tensor(self._init_scale, device=self._device) if self._scale is None else self._scale
+        return (
+            torch.tensor(self._init_scale, device=self._device)
+            if self._scale is None
+            else self._scale
+        )
 
     def is_enabled(self) -> bool:
         """Whether scaling is on."""
@@ -362,9 +389,20 @@ class DynamicLossScaler:
         if not self._enabled:
             return
         if not state_dict:
-            raise RuntimeError("the scaler state_dict is empty: it was saved from a disabled scaler")
-        missing = [k for k in ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
-                   if k not in state_dict]
+            raise RuntimeError(
+                "the scaler state_dict is empty: it was saved from a disabled scaler"
+            )
+        missing = [
+            k
+            for k in (
+                "scale",
+                "growth_factor",
+                "backoff_factor",
+                "growth_interval",
+                "_growth_tracker",
+            )
+            if k not in state_dict
+        ]
         if missing:
             raise KeyError(f"scaler state_dict is missing {missing}")
         self._init_scale = float(state_dict["scale"])

@@ -61,13 +61,30 @@ __all__ = ["LINEAR_IN_LR", "ScheduleWindow", "UnsupportedScheduleError"]
 # rate does not enter (decoupled weight decay included: p - lr * (wd * p + u)), and whose state
 # never depends on the rate. Exact classes only: a subclass may compute its step otherwise.
 LINEAR_IN_LR: tuple[type, ...] = tuple(
-    cls for cls in (getattr(torch.optim, name, None) for name in (
-        "SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adadelta", "Adagrad", "Muon"))
-    if cls is not None)
+    cls
+    for cls in (
+        getattr(torch.optim, name, None)
+        for name in (
+            "SGD",
+            "Adam",
+            "AdamW",
+            "Adamax",
+            "NAdam",
+            "RAdam",
+            "RMSprop",
+            "Adadelta",
+            "Adagrad",
+            "Muon",
+        )
+    )
+    if cls is not None
+)
 
 # Optimizers that compare the rate on the host (Adafactor: ``min(lr, 1 / sqrt(step))``): they get
 # the rate at the host's position, like a cycled momentum.
-HOST_LR: tuple[type, ...] = tuple(cls for cls in (getattr(torch.optim, "Adafactor", None),) if cls is not None)
+HOST_LR: tuple[type, ...] = tuple(
+    cls for cls in (getattr(torch.optim, "Adafactor", None),) if cls is not None
+)
 
 
 class UnsupportedScheduleError(ValueError):
@@ -172,7 +189,10 @@ class ScheduleWindow:
             if scheduler is None:
                 continue
             before = [_values(g) for g in optimizer.param_groups]
-            state, groups = copy.deepcopy(scheduler.state_dict()), [dict(g) for g in optimizer.param_groups]
+            state, groups = (
+                copy.deepcopy(scheduler.state_dict()),
+                [dict(g) for g in optimizer.param_groups],
+            )
             table = [before]
             try:
                 for _ in range(self.length - 1):
@@ -194,15 +214,22 @@ class ScheduleWindow:
                         if all(b[0] is not group or b[1] != key for b in self.base):
                             self.base.append((group, key, group[key]))
         self.schedulers = [s for _, s in self.pairs if s is not None]
-        self.last_lrs = [(s, list(s._last_lr)) for _, s in self.pairs
-                         if s is not None and isinstance(getattr(s, "_last_lr", None), list)]
+        self.last_lrs = [
+            (s, list(s._last_lr))
+            for _, s in self.pairs
+            if s is not None and isinstance(getattr(s, "_last_lr", None), list)
+        ]
         self.host_rows = [list(row) for row in zip(*rows)] if rows else []
         if rows:
             table = torch.tensor(rows, dtype=torch.float32, device=self.device).T.contiguous()
             # rescaled slots hold lr / r, r the column's largest rate (> 0: the column changes)
-            self.references = [max(abs(v) for v in column) if mode == "rescale" else 1.0
-                               for column, (_, _, _, mode) in zip(rows, self.slots)]
-            self.table = table / torch.tensor(self.references, dtype=torch.float32, device=self.device)
+            self.references = [
+                max(abs(v) for v in column) if mode == "rescale" else 1.0
+                for column, (_, _, _, mode) in zip(rows, self.slots)
+            ]
+            self.table = table / torch.tensor(
+                self.references, dtype=torch.float32, device=self.device
+            )
             self.current = self.table[0].clone()
         self.applied_steps.zero_()
         self.position = 0
@@ -216,15 +243,25 @@ class ScheduleWindow:
                 if tensors and scheduler is not None:
                     raise UnsupportedScheduleError(
                         f"{name}.param_groups[{index}][{tensors[0]!r}] is a tensor: the schedule window fills "
-                        f"the rates itself, on the device; pass {tensors[0]} as a Python float")
-            modes = {mode for group, _, _, mode in self.slots if any(group is g for g in optimizer.param_groups)}
+                        f"the rates itself, on the device; pass {tensors[0]} as a Python float"
+                    )
+            modes = {
+                mode
+                for group, _, _, mode in self.slots
+                if any(group is g for g in optimizer.param_groups)
+            }
             defaults = optimizer.defaults
-            if "device" in modes and defaults.get("foreach") and not defaults.get("capturable") \
-                    and not defaults.get("fused"):
+            if (
+                "device" in modes
+                and defaults.get("foreach")
+                and not defaults.get("capturable")
+                and not defaults.get("fused")
+            ):
                 raise UnsupportedScheduleError(
                     f"{name}(foreach=True) cannot take the rates of {type(scheduler).__name__} on the device: "
                     f"its update is not linear in the rate and torch's foreach path takes no tensor rate "
-                    "without capturable=True. Use foreach=False or capturable=True, or check_every=1")
+                    "without capturable=True. Use foreach=False or capturable=True, or check_every=1"
+                )
 
     def _row(self, values: torch.Tensor) -> None:
         """Set every changing value of the groups from ``values`` (device) and the host position."""
@@ -249,8 +286,11 @@ class ScheduleWindow:
             return
         self.current.copy_(self.table.index_select(0, self.applied_steps.view(1)).view(-1))
         self._row(self.current)
-        ratios = {id(group): self.current[i] for i, (group, key, _, mode) in enumerate(self.slots)
-                  if mode == "rescale" and key == "lr"}
+        ratios = {
+            id(group): self.current[i]
+            for i, (group, key, _, mode) in enumerate(self.slots)
+            if mode == "rescale" and key == "lr"
+        }
         try:
             yield ratios
         finally:
@@ -281,8 +321,11 @@ class ScheduleWindow:
         read), the Python float elsewhere. ``param_groups`` hold the rate at the host's position
         (see the module notes), which is this one until the window's first skipped step.
         """
-        used = self.current * torch.tensor(self.references, dtype=torch.float32, device=self.device) \
-            if self.slots else None
+        used = (
+            self.current * torch.tensor(self.references, dtype=torch.float32, device=self.device)
+            if self.slots
+            else None
+        )
         rates = [[group["lr"] for group in optimizer.param_groups] for optimizer, _ in self.pairs]
         for i, (group, key, index, _) in enumerate(self.slots):
             if key == "lr" and index < 0:
@@ -314,4 +357,3 @@ class ScheduleWindow:
         """Open a new window from the schedulers' current state (after a rollback or a resume)."""
         self.restore()
         self._open()
-

@@ -13,8 +13,11 @@ from trainopt.validation import check_int
 __all__ = ["DTYPES", "check_settings", "is_metric_scheduler", "step_with_metric"]
 
 # the stabilizer's autocast names: the one vocabulary's, less tf32 (a matmul mode, not a dtype)
-DTYPES = {None: None, **{name: AUTOCAST_DTYPES[name] for name in ("fp32", "bf16", "fp16")},
-          **{alias: AUTOCAST_DTYPES[name] for alias, name in ALIASES.items()}}
+DTYPES = {
+    None: None,
+    **{name: AUTOCAST_DTYPES[name] for name in ("fp32", "bf16", "fp16")},
+    **{alias: AUTOCAST_DTYPES[name] for alias, name in ALIASES.items()},
+}
 
 
 def is_metric_scheduler(scheduler: Any) -> bool:
@@ -28,7 +31,8 @@ def is_metric_scheduler(scheduler: Any) -> bool:
         True
     """
     return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) or callable(
-        getattr(scheduler, "update_lr", None))
+        getattr(scheduler, "update_lr", None)
+    )
 
 
 def step_with_metric(scheduler: Any, metric: float) -> None:
@@ -54,9 +58,20 @@ def _positive_int(name: str, value: Any) -> None:
     check_int(name, value, 1)
 
 
-def check_settings(model: torch.nn.Module, optimizers: list[Any], schedulers: list[Any], *, dtype: Any, scaler: Any,
-                   check_every: Any, accumulate: Any, max_grad_norm: Any, checkpoint_dir: Any,
-                   rollback: Any, recovery: Any) -> None:
+def check_settings(
+    model: torch.nn.Module,
+    optimizers: list[Any],
+    schedulers: list[Any],
+    *,
+    dtype: Any,
+    scaler: Any,
+    check_every: Any,
+    accumulate: Any,
+    max_grad_norm: Any,
+    checkpoint_dir: Any,
+    rollback: Any,
+    recovery: Any,
+) -> None:
     """Refuse inconsistent settings with an error that names the argument and what is allowed.
 
     Example:
@@ -72,39 +87,63 @@ def check_settings(model: torch.nn.Module, optimizers: list[Any], schedulers: li
         check_every must be an int >= 1, got check_every=0
     """
     if (isinstance(dtype, str) or dtype is None) and dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(k for k in DTYPES if k)} or a torch dtype, got {dtype=}")
-    if not (isinstance(dtype, str) or dtype is None) and dtype not in (torch.float32, torch.bfloat16,
-                                                                        torch.float16):
-        raise ValueError(f"dtype must be torch.bfloat16, torch.float16, torch.float32 or None, got {dtype=}")
+        raise ValueError(
+            f"dtype must be one of {sorted(k for k in DTYPES if k)} or a torch dtype, got {dtype=}"
+        )
+    if not (isinstance(dtype, str) or dtype is None) and dtype not in (
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+    ):
+        raise ValueError(
+            f"dtype must be torch.bfloat16, torch.float16, torch.float32 or None, got {dtype=}"
+        )
     if scaler is not None and DTYPES.get(dtype, dtype) is not torch.float16:
         raise ValueError(f"a loss scaler is only needed with dtype=torch.float16, got {dtype=}")
     _positive_int("check_every", check_every)
     _positive_int("accumulate", accumulate)
-    if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
+    if max_grad_norm is not None and not (
+        isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0
+    ):
         raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm=}")
     if len(schedulers) != len(optimizers):
-        raise ValueError(f"scheduler must give one scheduler (or None) per optimizer: "
-                         f"{len(schedulers)} schedulers for {len(optimizers)} optimizers")
+        raise ValueError(
+            f"scheduler must give one scheduler (or None) per optimizer: "
+            f"{len(schedulers)} schedulers for {len(optimizers)} optimizers"
+        )
     for opt, sched in zip(optimizers, schedulers):
         keep_state_on_device(opt)  # a bare AdamW on CUDA: its step counters on the GPU
         check_skippable(opt)
         check_no_step_hooks(opt)
-        if sched is not None and not (is_metric_scheduler(sched) or callable(getattr(sched, "step", None))):
-            raise ValueError(f"scheduler must have step() (stepped once per applied step) or be stepped with "
-                             f"a metric (ReduceLROnPlateau, AdaptiveLearningRate); got a {type(sched).__name__}")
+        if sched is not None and not (
+            is_metric_scheduler(sched) or callable(getattr(sched, "step", None))
+        ):
+            raise ValueError(
+                f"scheduler must have step() (stepped once per applied step) or be stepped with "
+                f"a metric (ReduceLROnPlateau, AdaptiveLearningRate); got a {type(sched).__name__}"
+            )
         if sched is not None and getattr(sched, "optimizer", opt) is not opt:
-            raise ValueError(f"scheduler {type(sched).__name__} drives another optimizer than the one "
-                             "it is paired with")
+            raise ValueError(
+                f"scheduler {type(sched).__name__} drives another optimizer than the one "
+                "it is paired with"
+            )
     if recovery is not None:
         if checkpoint_dir is not None or rollback is not None:
-            raise ValueError("give either checkpoint_dir= (and rollback=) or a recovery= built by hand, "
-                             "not both")
+            raise ValueError(
+                "give either checkpoint_dir= (and rollback=) or a recovery= built by hand, not both"
+            )
         if len(optimizers) > 1:
-            raise ValueError("a recovery= built by hand holds one optimizer: with several, give checkpoint_dir=")
+            raise ValueError(
+                "a recovery= built by hand holds one optimizer: with several, give checkpoint_dir="
+            )
         for name, mine in (("optimizer", optimizers[0]), ("scheduler", schedulers[0])):
             if getattr(recovery, name) is not mine:
-                raise ValueError(f"recovery.{name} is not the stabilizer's {name}: a rollback would restore "
-                                 f"and cut another {name} (build the recovery with the same objects, or "
-                                 "give checkpoint_dir= instead)")
+                raise ValueError(
+                    f"recovery.{name} is not the stabilizer's {name}: a rollback would restore "
+                    f"and cut another {name} (build the recovery with the same objects, or "
+                    "give checkpoint_dir= instead)"
+                )
         if recovery.model is not model:
-            raise ValueError("recovery.model is not the stabilizer's model: a rollback would restore another model")
+            raise ValueError(
+                "recovery.model is not the stabilizer's model: a rollback would restore another model"
+            )

@@ -104,14 +104,23 @@ class StepSnapshot:
         self._shared: tuple[int, ...] = ()
         self._groups: list[_SnapshotGroup] = []
 
-    def take(self, params: list[torch.Tensor], state: list[torch.Tensor], ratios: list[Any]) -> None:
+    def take(
+        self, params: list[torch.Tensor], state: list[torch.Tensor], ratios: list[Any]
+    ) -> None:
         """Copy ``params`` (each changed by its ratio, or ``None``) and ``state`` before the step."""
         tensors = [*params, *state]
         ratios = [*ratios, *([None] * len(state))]
-        first: dict[int, int] = {}  # which tensors share a ratio: the first index of each ratio object
-        shared = tuple(-1 if r is None else first.setdefault(id(r), i) for i, r in enumerate(ratios))
-        same = shared == self._shared and len(tensors) == len(self._tensors) and all(
-            a is b for a, b in zip(tensors, self._tensors))
+        first: dict[
+            int, int
+        ] = {}  # which tensors share a ratio: the first index of each ratio object
+        shared = tuple(
+            -1 if r is None else first.setdefault(id(r), i) for i, r in enumerate(ratios)
+        )
+        same = (
+            shared == self._shared
+            and len(tensors) == len(self._tensors)
+            and all(a is b for a, b in zip(tensors, self._tensors))
+        )
         if not same:
             self._layout(tensors, ratios)
             self._shared = shared
@@ -124,8 +133,10 @@ class StepSnapshot:
         by_kind: dict[tuple[torch.device, torch.dtype], list[int]] = {}
         for i, t in enumerate(tensors):
             by_kind.setdefault((t.device, t.dtype), []).append(i)
-        self._groups = [_SnapshotGroup(tensors, ratios, indices, self.scratch_bytes)
-                        for indices in by_kind.values()]
+        self._groups = [
+            _SnapshotGroup(tensors, ratios, indices, self.scratch_bytes)
+            for indices in by_kind.values()
+        ]
         self._tensors = tensors
 
     @torch.no_grad()
@@ -142,7 +153,9 @@ class StepSnapshot:
 class _SnapshotGroup:
     """The tensors of one device and dtype: their flat copy, segments by ratio, and a scratch."""
 
-    def __init__(self, tensors: list[torch.Tensor], ratios: list[Any], indices: list[int], scratch_bytes: int) -> None:
+    def __init__(
+        self, tensors: list[torch.Tensor], ratios: list[Any], indices: list[int], scratch_bytes: int
+    ) -> None:
         # tensors sharing a ratio (the same tensor object: one param group) sit side by side
         order: dict[int, list[int]] = {}
         for i in indices:
@@ -153,9 +166,13 @@ class _SnapshotGroup:
         total = sum(sizes)
         fits = 3 * total * first.element_size() <= scratch_bytes
         # with room: row 0 takes the new values, row 1 holds the old, and a skip picks a row
-        self.pair = torch.empty((2, total) if fits else (1, total), dtype=first.dtype, device=first.device)
+        self.pair = torch.empty(
+            (2, total) if fits else (1, total), dtype=first.dtype, device=first.device
+        )
         self.saved = self.pair[-1]
-        self.saved_views = [v.view(tensors[i].shape) for v, i in zip(self.saved.split(sizes), self.indices)]
+        self.saved_views = [
+            v.view(tensors[i].shape) for v, i in zip(self.saved.split(sizes), self.indices)
+        ]
         self.segments = []  # (start, stop, index of a tensor whose ratio applies) per rescaled run
         start = 0
         for run in order.values():
@@ -164,20 +181,35 @@ class _SnapshotGroup:
                 self.segments.append((start, stop, run[0]))
             start = stop
         self.scratch = self.pair[0] if fits else None
-        self.scratch_views = ([v.view(tensors[i].shape) for v, i in zip(self.scratch.split(sizes), self.indices)]
-                              if fits else [])
-        self.chosen = torch.empty((1, total), dtype=first.dtype, device=first.device) if fits else None
-        self.chosen_views = ([v.view(tensors[i].shape) for v, i in zip(self.chosen[0].split(sizes), self.indices)]
-                             if fits else [])
+        self.scratch_views = (
+            [v.view(tensors[i].shape) for v, i in zip(self.scratch.split(sizes), self.indices)]
+            if fits
+            else []
+        )
+        self.chosen = (
+            torch.empty((1, total), dtype=first.dtype, device=first.device) if fits else None
+        )
+        self.chosen_views = (
+            [v.view(tensors[i].shape) for v, i in zip(self.chosen[0].split(sizes), self.indices)]
+            if fits
+            else []
+        )
 
-    def restore(self, tensors: list[Any], ratios: list[Any], masks: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def restore(
+        self, tensors: list[Any], ratios: list[Any], masks: Callable[[torch.Tensor], torch.Tensor]
+    ) -> None:
         now = [tensors[i] for i in self.indices]
         whole = all(t is not None and t.shape == v.shape for t, v in zip(now, self.saved_views))
         if self.scratch is not None and whole:
             torch._foreach_copy_(self.scratch_views, now)
             for start, stop, i in self.segments:
                 ratio = ratios[i].to(self.saved.dtype)
-                torch.lerp(self.saved[start:stop], self.scratch[start:stop], ratio, out=self.scratch[start:stop])
+                torch.lerp(
+                    self.saved[start:stop],
+                    self.scratch[start:stop],
+                    ratio,
+                    out=self.scratch[start:stop],
+                )
             # row 1 (the old values) where skipped, row 0 (the step's) where not: a copy, not a where
             row = masks(self.saved).long().view(1)
             torch.index_select(self.pair, 0, row, out=self.chosen)
@@ -195,12 +227,20 @@ def _params_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
 
-def _ratios_by_param(optimizer: torch.optim.Optimizer, lr_ratios: dict[int, torch.Tensor]) -> dict[Any, torch.Tensor]:
-    return {p: lr_ratios[id(group)] for group in optimizer.param_groups if id(group) in lr_ratios
-            for p in group["params"]}
+def _ratios_by_param(
+    optimizer: torch.optim.Optimizer, lr_ratios: dict[int, torch.Tensor]
+) -> dict[Any, torch.Tensor]:
+    return {
+        p: lr_ratios[id(group)]
+        for group in optimizer.param_groups
+        if id(group) in lr_ratios
+        for p in group["params"]
+    }
 
 
-def _watch_new_state(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> dict[Any, _FirstAssignments]:
+def _watch_new_state(
+    optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
+) -> dict[Any, _FirstAssignments]:
     """Replace each empty state dict by one that records first assignments."""
     watched = {}
     for p in params:
@@ -210,7 +250,9 @@ def _watch_new_state(optimizer: torch.optim.Optimizer, params: list[torch.Tensor
 
 
 @torch.no_grad()
-def _reset_new_state(optimizer: torch.optim.Optimizer, watched: dict[Any, _FirstAssignments], masks: _Masks) -> None:
+def _reset_new_state(
+    optimizer: torch.optim.Optimizer, watched: dict[Any, _FirstAssignments], masks: _Masks
+) -> None:
     """Where skipped, give state created by this step its initial value; plain dicts again."""
     overrides = _INITIAL_VALUE.get(type(optimizer), {})
     _unwatch(optimizer, watched)
@@ -235,8 +277,12 @@ def _unwatch(optimizer: torch.optim.Optimizer, watched: dict[Any, _FirstAssignme
 
 @torch.no_grad()
 def masked_step(
-    optimizer: torch.optim.Optimizer, found_inf: torch.Tensor, *args: Any,
-    lr_ratios: dict[int, torch.Tensor] | None = None, snapshot: StepSnapshot | None = None, **kwargs: Any,
+    optimizer: torch.optim.Optimizer,
+    found_inf: torch.Tensor,
+    *args: Any,
+    lr_ratios: dict[int, torch.Tensor] | None = None,
+    snapshot: StepSnapshot | None = None,
+    **kwargs: Any,
 ) -> Any:
     """Run ``optimizer.step()`` and undo it where ``found_inf`` is non-zero, without a host sync.
 
@@ -285,7 +331,12 @@ def masked_step(
     masks = _Masks(found_inf)
     params = _params_with_grad(optimizer)
     ratios = _ratios_by_param(optimizer, lr_ratios) if lr_ratios else {}
-    state = [(p, k, v) for p in params for k, v in optimizer.state.get(p, {}).items() if torch.is_tensor(v)]
+    state = [
+        (p, k, v)
+        for p in params
+        for k, v in optimizer.state.get(p, {}).items()
+        if torch.is_tensor(v)
+    ]
     snapshot = snapshot if snapshot is not None else StepSnapshot()
     snapshot.take(params, [v for _, _, v in state], [ratios.get(p) for p in params])
     watched = _watch_new_state(optimizer, params)
@@ -308,8 +359,11 @@ def masked_step(
 
 
 def fused_step(
-    optimizer: torch.optim.Optimizer, found_inf: torch.Tensor, *args: Any,
-    grad_scale: torch.Tensor | None = None, **kwargs: Any,
+    optimizer: torch.optim.Optimizer,
+    found_inf: torch.Tensor,
+    *args: Any,
+    grad_scale: torch.Tensor | None = None,
+    **kwargs: Any,
 ) -> Any:
     """Step a fused optimizer with ``found_inf`` (and ``grad_scale``): its kernel skips on the device.
 

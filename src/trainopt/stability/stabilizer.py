@@ -57,6 +57,7 @@ from trainopt.stability.stabilizer_state import Gathered, RankEntries
 
 __all__ = ["StabilityChecker", "TrainingStabilizer"]
 
+
 def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
@@ -146,32 +147,67 @@ class TrainingStabilizer(CoreView):
         checker: StabilityChecker | None = None,
         **deprecated: Any,
     ) -> None:
-        self.detection, self.rollback = grouped_settings("TrainingStabilizer", detection, rollback,
-                                                         deprecated)
+        self.detection, self.rollback = grouped_settings(
+            "TrainingStabilizer", detection, rollback, deprecated
+        )
         self.optimizers = _as_list(optimizer)
-        self.schedulers = _as_list(scheduler) if scheduler is not None else [None] * len(self.optimizers)
-        check_settings(model, self.optimizers, self.schedulers, dtype=dtype, scaler=scaler,
-                       check_every=check_every, accumulate=accumulate, max_grad_norm=max_grad_norm,
-                       checkpoint_dir=checkpoint_dir, rollback=rollback, recovery=recovery)
+        self.schedulers = (
+            _as_list(scheduler) if scheduler is not None else [None] * len(self.optimizers)
+        )
+        check_settings(
+            model,
+            self.optimizers,
+            self.schedulers,
+            dtype=dtype,
+            scaler=scaler,
+            check_every=check_every,
+            accumulate=accumulate,
+            max_grad_norm=max_grad_norm,
+            checkpoint_dir=checkpoint_dir,
+            rollback=rollback,
+            recovery=recovery,
+        )
         dtype = DTYPES[dtype] if isinstance(dtype, str) or dtype is None else dtype
         self.model = model
         self.optimizer, self.scheduler = self.optimizers[0], self.schedulers[0]
         self.dtype = None if dtype is torch.float32 else dtype
-        self.scaler = scaler if scaler is not None else (DynamicLossScaler() if dtype is torch.float16 else None)
+        self.scaler = (
+            scaler
+            if scaler is not None
+            else (DynamicLossScaler() if dtype is torch.float16 else None)
+        )
         self.accumulate = accumulate
         if recovery is None and checkpoint_dir is not None:
-            recovery = build_recovery(self.rollback, model, self.optimizer, checkpoint_dir, check_every=check_every,
-                                              scheduler=self.scheduler, scaler=self.scaler)
+            recovery = build_recovery(
+                self.rollback,
+                model,
+                self.optimizer,
+                checkpoint_dir,
+                check_every=check_every,
+                scheduler=self.scheduler,
+                scaler=self.scaler,
+            )
         elif recovery is not None and recovery.scaler is None:
             recovery.scaler = self.scaler
         if checker is None:
             monitored = self.optimizer if len(self.optimizers) == 1 else model
             checker = build_checker(self.detection, monitored, check_every, process_group)
         self.core = GuardedUpdate(
-            model, self.optimizers, self.schedulers, checker=checker, recovery=recovery,
-            check_every=check_every, max_grad_norm=max_grad_norm, clipper=clipper,
-            skip_unstable=self.detection.skip_unstable, averaged=[] if averaged is None else _as_list(averaged),
-            data=data, process_group=process_group, scaler=self.scaler, trajectory=self._trajectory)
+            model,
+            self.optimizers,
+            self.schedulers,
+            checker=checker,
+            recovery=recovery,
+            check_every=check_every,
+            max_grad_norm=max_grad_norm,
+            clipper=clipper,
+            skip_unstable=self.detection.skip_unstable,
+            averaged=[] if averaged is None else _as_list(averaged),
+            data=data,
+            process_group=process_group,
+            scaler=self.scaler,
+            trajectory=self._trajectory,
+        )
         self.micro = 0
         # the step-0 checkpoint's generators and data position: before the loop draws a batch
         self._initial_entry: dict[str, Any] | None = RankEntries.initial(self)
@@ -213,8 +249,15 @@ class TrainingStabilizer(CoreView):
     def _trajectory(self, mode: str) -> dict[str, Any]:
         """The per-rank part of a checkpoint (see :class:`~trainopt.stability.stabilizer_state.RankEntries`)."""
         if mode == "save":
-            return {"stabilizer": Gathered({"ranks": all_gather(RankEntries(self, resume=True).local(),
-                                                                 self.process_group)})}
+            return {
+                "stabilizer": Gathered(
+                    {
+                        "ranks": all_gather(
+                            RankEntries(self, resume=True).local(), self.process_group
+                        )
+                    }
+                )
+            }
         return {"stabilizer": RankEntries(self, resume=mode == "resume")}
 
     def resume(self) -> int | None:
@@ -249,4 +292,3 @@ class TrainingStabilizer(CoreView):
         """Everything but the count of every skip ever made (a rollback keeps counting)."""
         self.core.load_state_dict(state, trajectory_only=True)
         self.micro = 0
-

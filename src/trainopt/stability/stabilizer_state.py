@@ -70,14 +70,18 @@ class RankEntries:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         rank, world = rank_and_world(self.stabilizer.process_group)
         if len(state["ranks"]) != world:
-            raise ValueError(f"the checkpoint holds {len(state['ranks'])} ranks, this run has {world}")
+            raise ValueError(
+                f"the checkpoint holds {len(state['ranks'])} ranks, this run has {world}"
+            )
         entry = state["ranks"][rank]
         self.stabilizer._initial_entry = None  # the run continues from the file, not the start
         if not self.resume:
             self.stabilizer._load_trajectory(entry["stabilizer"])
             return
         if (entry["data"] is None) != (self.stabilizer.data is None):
-            raise ValueError("the checkpoint and this run disagree on whether there is a data position (data=)")
+            raise ValueError(
+                "the checkpoint and this run disagree on whether there is a data position (data=)"
+            )
         self.stabilizer.load_state_dict(entry["stabilizer"])
         if self.stabilizer.data is not None:
             self.stabilizer.data.load_state_dict(entry["data"])

@@ -136,10 +136,14 @@ def _median_and_max(window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ordered = torch.sort(window.reshape(-1)).values
     count = (ordered == ordered).sum()  # NaN != NaN
     if window.device not in _HALVES:
-        _HALVES[window.device] = (torch.tensor([1, 1, 2], device=window.device),
-                                  torch.tensor([-1, 0, -2], device=window.device))
+        _HALVES[window.device] = (
+            torch.tensor([1, 1, 2], device=window.device),
+            torch.tensor([-1, 0, -2], device=window.device),
+        )
     scale, shift = _HALVES[window.device]
-    index = torch.div(count * scale + shift, 2, rounding_mode="floor").clamp_(0, max(ordered.numel() - 1, 0))
+    index = torch.div(count * scale + shift, 2, rounding_mode="floor").clamp_(
+        0, max(ordered.numel() - 1, 0)
+    )
     picked = ordered.gather(0, index)
     return picked[:2].mean(), picked[2]
 

@@ -61,7 +61,11 @@ def _is_device_to_host(func: Any, args: tuple, kwargs: dict) -> bool:
     """A copy from a non-CPU tensor into CPU memory (it waits for the device)."""
     if func is _aten._to_copy.default:
         device = kwargs.get("device")
-        return device is not None and torch.device(device).type == "cpu" and args[0].device.type != "cpu"
+        return (
+            device is not None
+            and torch.device(device).type == "cpu"
+            and args[0].device.type != "cpu"
+        )
     if func is _aten.copy_.default:
         return args[0].device.type == "cpu" and args[1].device.type != "cpu"
     return False
@@ -76,10 +80,14 @@ def _syncs(func: Any, args: tuple, kwargs: dict) -> str | None:
         return None
     if packet in (_aten.index, _aten.index_put, _aten.index_put_):
         indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-        if not any(torch.is_tensor(i) and i.dtype in (torch.bool, torch.uint8) for i in indices or ()):
+        if not any(
+            torch.is_tensor(i) and i.dtype in (torch.bool, torch.uint8) for i in indices or ()
+        ):
             return None
     if packet is _aten.repeat_interleave:
-        repeats = args[1] if func is _aten.repeat_interleave.self_Tensor else (args[0] if args else None)
+        repeats = (
+            args[1] if func is _aten.repeat_interleave.self_Tensor else (args[0] if args else None)
+        )
         if not torch.is_tensor(repeats) or kwargs.get("output_size") is not None:
             return None
     return f"aten.{packet.__name__}"
@@ -118,7 +126,9 @@ class HostSyncCounter(TorchDispatchMode):
         self.keep_stacks = keep_stacks
         self.stacks: list[str] = []
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         name = _syncs(func, args, kwargs)
         if name is not None:

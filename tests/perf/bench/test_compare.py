@@ -24,8 +24,12 @@ def exact_bootstrap_quantile(a: list[float], b: list[float], level: float) -> fl
     return ratios[min(len(ratios) - 1, int(level * len(ratios)))]
 
 
-@pytest.mark.parametrize("a, b", [([3.0, 4.0, 6.0], [1.0, 2.5, 2.0]), ([10.0, 11.0, 9.5, 12.0], [10.5, 9.0, 11.5, 10.0])])
-def test_interval_matches_the_enumerated_bootstrap_distribution(a: list[float], b: list[float]) -> None:
+@pytest.mark.parametrize(
+    "a, b", [([3.0, 4.0, 6.0], [1.0, 2.5, 2.0]), ([10.0, 11.0, 9.5, 12.0], [10.5, 9.0, 11.5, 10.0])]
+)
+def test_interval_matches_the_enumerated_bootstrap_distribution(
+    a: list[float], b: list[float]
+) -> None:
     ci = ratio_of_medians(a, b, confidence=0.9, resamples=40_000)
     assert ci["ratio"] == statistics.median(a) / statistics.median(b)
     # the Monte Carlo quantiles fall between the exact quantiles one and a half points either side
@@ -37,7 +41,11 @@ def test_interval_matches_the_enumerated_bootstrap_distribution(a: list[float], 
 
 def test_constant_times_give_a_zero_width_interval_at_the_hand_ratio() -> None:
     ci = ratio_of_medians([0.03] * 5, [0.01] * 7)
-    assert ci["low"] == pytest.approx(3.0) and ci["high"] == pytest.approx(3.0) and ci["ratio"] == pytest.approx(3.0)
+    assert (
+        ci["low"] == pytest.approx(3.0)
+        and ci["high"] == pytest.approx(3.0)
+        and ci["ratio"] == pytest.approx(3.0)
+    )
 
 
 def test_interval_covers_the_true_ratio_about_as_often_as_it_claims() -> None:
@@ -52,12 +60,19 @@ def test_interval_covers_the_true_ratio_about_as_often_as_it_claims() -> None:
 
 
 def test_the_same_data_give_the_same_interval() -> None:
-    assert ratio_of_medians([1.0, 2.0, 3.0], [1.5, 1.0, 2.0]) == ratio_of_medians([1.0, 2.0, 3.0], [1.5, 1.0, 2.0])
+    assert ratio_of_medians([1.0, 2.0, 3.0], [1.5, 1.0, 2.0]) == ratio_of_medians(
+        [1.0, 2.0, 3.0], [1.5, 1.0, 2.0]
+    )
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"confidence": 1.0}, "confidence"), ({"resamples": 0}, "resamples"), ({"candidate": []}, "non-empty"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"confidence": 1.0}, "confidence"),
+        ({"resamples": 0}, "resamples"),
+        ({"candidate": []}, "non-empty"),
+    ],
+)
 def test_bad_arguments_raise(kwargs: dict, message: str) -> None:
     args = {"baseline": [1.0], "candidate": [1.0], **kwargs}
     with pytest.raises(ValueError, match=message):
@@ -65,13 +80,16 @@ def test_bad_arguments_raise(kwargs: dict, message: str) -> None:
 
 
 def test_verdict_reads_the_interval_against_one() -> None:
-    assert [verdict({"low": lo, "high": hi}) for lo, hi in [(1.01, 2), (0.5, 0.99), (0.9, 1.1)]] == [
-        "faster", "slower", "no clear difference"]
+    assert [
+        verdict({"low": lo, "high": hi}) for lo, hi in [(1.01, 2), (0.5, 0.99), (0.9, 1.1)]
+    ] == ["faster", "slower", "no clear difference"]
 
 
 def bench_file(path: Path, times: dict[str, list[float]]) -> Path:
     results = new_results("bench", "cpu")
-    results["results"] = [{"name": n, "status": "ok", "window_step_times_s": t} for n, t in times.items()]
+    results["results"] = [
+        {"name": n, "status": "ok", "window_step_times_s": t} for n, t in times.items()
+    ]
     results["results"].append({"name": "fp16", "status": "unsupported"})
     write_results(results, path)
     return path

@@ -16,20 +16,40 @@ from trainopt.perf.bench.mfu import (
 )
 
 
-@pytest.mark.parametrize("name, key", [
-    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL", "H100 NVL"),
-    ("NVIDIA H200", "H200"), ("NVIDIA H200 NVL", "H200 NVL"), ("NVIDIA A100-SXM4-80GB", "A100"),
-    ("NVIDIA A100 80GB PCIe", "A100"), ("NVIDIA A10", "A10"), ("NVIDIA L4", "L4"), ("NVIDIA L40S", "L40S"),
-    ("NVIDIA L40", None), ("NVIDIA GeForce RTX 4090", None), ("Tesla T4", None), ("NVIDIA H20", None),
-])
+@pytest.mark.parametrize(
+    "name, key",
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA H200 NVL", "H200 NVL"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("NVIDIA A100 80GB PCIe", "A100"),
+        ("NVIDIA A10", "A10"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA L40", None),
+        ("NVIDIA GeForce RTX 4090", None),
+        ("Tesla T4", None),
+        ("NVIDIA H20", None),
+    ],
+)
 def test_gpu_names_map_to_their_row_and_no_other(name, key):
     assert device_key(name) == key
 
 
 # Dense data-sheet figures, typed here by hand: the table must agree with them.
-DATA_SHEET = {("H100 SXM", "fp32"): 66.9, ("H100 SXM", "bf16"): 989.4, ("H100 PCIe", "bf16"): 756.5,
-              ("H100 NVL", "bf16"): 835.5, ("H100 NVL", "fp32"): 60.0, ("A100", "tf32"): 156.0,
-              ("A100", "fp32"): 19.5, ("L4", "bf16"): 121.0}
+DATA_SHEET = {
+    ("H100 SXM", "fp32"): 66.9,
+    ("H100 SXM", "bf16"): 989.4,
+    ("H100 PCIe", "bf16"): 756.5,
+    ("H100 NVL", "bf16"): 835.5,
+    ("H100 NVL", "fp32"): 60.0,
+    ("A100", "tf32"): 156.0,
+    ("A100", "fp32"): 19.5,
+    ("L4", "bf16"): 121.0,
+}
 
 
 @pytest.mark.parametrize("row, precision", list(DATA_SHEET))
@@ -53,7 +73,9 @@ def test_an_unknown_gpu_is_never_taken_for_an_h100():
     with pytest.raises(ValueError, match="GPU 'NVIDIA H20' is not in the peak table"):
         peak_flops_for("cuda", "bf16", device_name="NVIDIA H20")
     assert peak_flops_for("cuda", "bf16", {"bf16": 148.0}, device_name="NVIDIA H20")[0] == 148e12
-    with pytest.raises(ValueError, match="give its dense fp32 TFLOP/s"):  # a peak for bf16 only is not one for fp32
+    with pytest.raises(
+        ValueError, match="give its dense fp32 TFLOP/s"
+    ):  # a peak for bf16 only is not one for fp32
         peak_flops_for("cuda", "fp32", {"bf16": 148.0}, device_name="NVIDIA H20")
 
 
@@ -70,7 +92,9 @@ def test_a_cpu_has_no_peak_unless_given():
     assert peak_flops_for("cpu", "bf16", 2.0)[0] == 2e12
 
 
-@pytest.mark.parametrize("text, expected", [("400", {"*": 400.0}), ("bf16=835.5,fp32=60", {"bf16": 835.5, "fp32": 60.0})])
+@pytest.mark.parametrize(
+    "text, expected", [("400", {"*": 400.0}), ("bf16=835.5,fp32=60", {"bf16": 835.5, "fp32": 60.0})]
+)
 def test_peak_tflops_text(text, expected):
     assert parse_peak_tflops(text) == expected
 
@@ -112,7 +136,6 @@ def test_a_pcie_card_taken_for_sxm_underestimates_mfu():
 
 
 def test_flop_counter_counts_six_n_matmul_plus_non_causal_attention():
-    import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -123,7 +146,9 @@ def test_flop_counter_counts_six_n_matmul_plus_non_causal_attention():
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(x, targets=y).backward()
     per_token = counter.get_total_flops() / (2 * seq_len)
-    matmul_n = sum(p.numel() for n, p in model.named_parameters() if p.ndim == 2 and n != "wpe.weight")
+    matmul_n = sum(
+        p.numel() for n, p in model.named_parameters() if p.ndim == 2 and n != "wpe.weight"
+    )
     c = model.config
     assert per_token == 6 * matmul_n + 12 * c.n_layer * c.n_embd * seq_len  # full T x T attention
     layer_norm = sum(p.numel() for p in model.parameters() if p.ndim == 1)

@@ -14,46 +14,89 @@ import pytest
 from matplotlib.figure import Figure
 
 from trainopt.perf.bench.configs import BenchConfig
+from trainopt.perf.bench.estimates import run as run_estimates
 from trainopt.perf.bench.experiments import run as run_experiments
 from trainopt.perf.bench.harness import run_matrix, speedup
-from trainopt_site.perf.bench.plots import plot_results
-from trainopt.perf.bench.estimates import run as run_estimates
-from trainopt_site.perf.bench.report import NUMBER_FORMATS, PARTS, render
 from trainopt.perf.bench.results import SCHEMA, new_results, read_results
 from trainopt.perf.bench.scaling import run as run_scaling
 from trainopt.perf.bench.stability import run as run_stability
 from trainopt.perf.compilation import measure_compile
+from trainopt_site.perf.bench.plots import plot_results
+from trainopt_site.perf.bench.report import NUMBER_FORMATS, PARTS, render
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "docs" / "_data"
-PAGES = [ROOT / "docs" / "advanced" / "performance" / f"{name}.md"
-         for name in ("benchmarking", "memory-optimization", "mixed-precision", "profiling", "monitoring",
-                      "compilation")]
+PAGES = [
+    ROOT / "docs" / "advanced" / "performance" / f"{name}.md"
+    for name in (
+        "benchmarking",
+        "memory-optimization",
+        "mixed-precision",
+        "profiling",
+        "monitoring",
+        "compilation",
+    )
+]
 PAGES.append(ROOT / "docs" / "guides" / "training-optimization" / "training-stability.md")
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 
 
 @pytest.fixture(scope="module")
 def bench() -> dict[str, Any]:
-    configs = [BenchConfig(batch_size=2, seq_len=16, label="plain"),
-               BenchConfig(batch_size=2, seq_len=16, precision="bf16", optimizer="fused", label="bf16 fused"),
-               BenchConfig(batch_size=2, seq_len=16, precision="fp16", label="fp16")]
-    results = run_matrix(configs, "cpu", progress=False, profile_steps=1, warmup_steps=1, max_warmup_steps=4,
-                         steps=2, windows=2)
+    configs = [
+        BenchConfig(batch_size=2, seq_len=16, label="plain"),
+        BenchConfig(
+            batch_size=2, seq_len=16, precision="bf16", optimizer="fused", label="bf16 fused"
+        ),
+        BenchConfig(batch_size=2, seq_len=16, precision="fp16", label="fp16"),
+    ]
+    results = run_matrix(
+        configs,
+        "cpu",
+        progress=False,
+        profile_steps=1,
+        warmup_steps=1,
+        max_warmup_steps=4,
+        steps=2,
+        windows=2,
+    )
     results["recipe"] = speedup(results, "plain", "bf16 fused")
     return results
 
 
 @pytest.fixture(scope="module")
 def documents(bench: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {"bench": bench,
-            "stability": run_stability(size="tiny", device="cpu", batch_size=2, seq_len=16, steps_per_window=1,
-                                       windows=2, warmup_steps=1, max_warmup_steps=3),
-            "experiments": run_experiments("tiny", "cpu", batch_size=2, seq_len=16, steps=2, warmup=1, max_warmup=4),
-            "scaling": run_scaling(2, "tiny", batch_size=2, seq_len=16, steps=1, windows=2, max_warmup_windows=2),
-            "compile": measure_compile(batch_size=2, seq_len=8, backend="eager", steps=1, windows=1, warmup_steps=1,
-                                       max_warmup_steps=2),
-            "estimate": run_estimates(["mlp"], precisions=["bf16"], optimizers=["sgd"], checkpointing=[True])}
+    return {
+        "bench": bench,
+        "stability": run_stability(
+            size="tiny",
+            device="cpu",
+            batch_size=2,
+            seq_len=16,
+            steps_per_window=1,
+            windows=2,
+            warmup_steps=1,
+            max_warmup_steps=3,
+        ),
+        "experiments": run_experiments(
+            "tiny", "cpu", batch_size=2, seq_len=16, steps=2, warmup=1, max_warmup=4
+        ),
+        "scaling": run_scaling(
+            2, "tiny", batch_size=2, seq_len=16, steps=1, windows=2, max_warmup_windows=2
+        ),
+        "compile": measure_compile(
+            batch_size=2,
+            seq_len=8,
+            backend="eager",
+            steps=1,
+            windows=1,
+            warmup_steps=1,
+            max_warmup_steps=2,
+        ),
+        "estimate": run_estimates(
+            ["mlp"], precisions=["bf16"], optimizers=["sgd"], checkpointing=[True]
+        ),
+    }
 
 
 def allowed_numbers(results: Any) -> set[str]:
@@ -68,12 +111,18 @@ def allowed_numbers(results: Any) -> set[str]:
             for v in value:
                 walk(v)
         elif isinstance(value, str):
-            allowed.update(NUMBER.findall(value) + NUMBER.findall(value[:10]))  # a commit is shown by 10 characters
+            allowed.update(
+                NUMBER.findall(value) + NUMBER.findall(value[:10])
+            )  # a commit is shown by 10 characters
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             for fmt in NUMBER_FORMATS:
                 allowed.update(NUMBER.findall(fmt(value)))
-            allowed.update(NUMBER.findall(f"{value / 1e6:.1f}") + NUMBER.findall(f"{value / 1e9:.4f}")
-                           + NUMBER.findall(f"{value / 1e12:.1f}") + NUMBER.findall(f"{value / 1e3:.2f}"))
+            allowed.update(
+                NUMBER.findall(f"{value / 1e6:.1f}")
+                + NUMBER.findall(f"{value / 1e9:.4f}")
+                + NUMBER.findall(f"{value / 1e12:.1f}")
+                + NUMBER.findall(f"{value / 1e3:.2f}")
+            )
 
     walk(results)
     # the prose: the 10% warm-up rule, the checkpointing goal (30%, 20%), 6·N + 12·L·d·T, p10–p90
@@ -85,13 +134,17 @@ def stray_numbers(text: str, results: Any) -> set[str]:
 
 
 @pytest.mark.parametrize("kind", list(PARTS))
-def test_every_part_shows_only_numbers_from_its_results(documents: dict[str, Any], kind: str) -> None:
+def test_every_part_shows_only_numbers_from_its_results(
+    documents: dict[str, Any], kind: str
+) -> None:
     text = render(documents[kind])
     assert not stray_numbers(text, documents[kind]), text
 
 
 @pytest.mark.parametrize("kind", list(PARTS))
-def test_the_number_check_catches_a_number_not_in_the_results(documents: dict[str, Any], kind: str) -> None:
+def test_the_number_check_catches_a_number_not_in_the_results(
+    documents: dict[str, Any], kind: str
+) -> None:
     text = render(documents[kind]) + "\nThe recipe is 123456.7 times faster."
     assert stray_numbers(text, documents[kind]) == {"123456.7"}
 
@@ -100,20 +153,27 @@ def test_every_table_is_labelled_with_hardware_date_and_commit(documents: dict[s
     for results in documents.values():
         last = render(results).strip().splitlines()[-1]
         meta = results["meta"]
-        assert last.startswith("*CPU (") and meta["date"][:10] in last and meta["git_commit"][:10] in last
+        assert (
+            last.startswith("*CPU (")
+            and meta["date"][:10] in last
+            and meta["git_commit"][:10] in last
+        )
 
 
 def test_a_dirty_tree_is_said_under_the_table(bench: dict[str, Any]) -> None:
     dirty = copy.deepcopy(bench)
     dirty["meta"]["git_dirty"] = True
     assert "with uncommitted changes" in render(dirty) and "with uncommitted changes" not in render(
-        {**dirty, "meta": {**dirty["meta"], "git_dirty": False}})
+        {**dirty, "meta": {**dirty["meta"], "git_dirty": False}}
+    )
 
 
 def test_a_missing_file_is_one_line_naming_the_command(tmp_path: Path) -> None:
     text = render(tmp_path / "perf_h100.json")
     assert text.count("\n") == 1 and "|" not in text
-    assert "`python -m trainopt.perf.bench all --preset h100 --out-dir docs/_data` on an H100" in text
+    assert (
+        "`python -m trainopt.perf.bench all --preset h100 --out-dir docs/_data` on an H100" in text
+    )
 
 
 def test_a_missing_scaling_file_names_the_scaling_command(tmp_path: Path) -> None:
@@ -137,11 +197,15 @@ def test_unknown_parts_are_refused(bench: dict[str, Any]) -> None:
 def test_an_error_message_cannot_break_the_table(bench: dict[str, Any]) -> None:
     results = copy.deepcopy(bench)
     results["results"][2]["error"] = "bad | pipe\nand a second line"
-    row = next(line for line in render(results, ["results"]).splitlines() if line.startswith("| fp16 |"))
+    row = next(
+        line for line in render(results, ["results"]).splitlines() if line.startswith("| fp16 |")
+    )
     assert row.count("|") == 6 and "bad / pipe and a second line" in row
 
 
-def test_the_recipe_line_says_how_much_faster_from_the_stored_speedup(bench: dict[str, Any]) -> None:
+def test_the_recipe_line_says_how_much_faster_from_the_stored_speedup(
+    bench: dict[str, Any],
+) -> None:
     results = copy.deepcopy(bench)
     results["recipe"]["speedup"] = 2.5
     assert render(results, ["recipe"]).startswith("**Speed-up 2.50×** (faster)")
@@ -168,15 +232,22 @@ def test_profile_shares_add_up_and_the_table_shows_the_fastest(bench: dict[str, 
     for record in profiled:
         categories = record["profile"]["categories"].values()
         assert sum(c["share"] for c in categories) == pytest.approx(1.0)
-        assert sum(c["s_per_step"] for c in categories) == pytest.approx(record["profile"]["busy_s_per_step"])
+        assert sum(c["s_per_step"] for c in categories) == pytest.approx(
+            record["profile"]["busy_s_per_step"]
+        )
     fastest = max(profiled, key=lambda r: r["tokens_per_s"])
     assert render(bench, ["profile"]).startswith(f"Profile of {fastest['name']}")
 
 
-def test_chart_has_one_bar_per_measured_configuration(bench: dict[str, Any], tmp_path: Path) -> None:
+def test_chart_has_one_bar_per_measured_configuration(
+    bench: dict[str, Any], tmp_path: Path
+) -> None:
     fig = plot_results(bench)
     assert isinstance(fig, Figure) and len(fig.axes[0].patches) == 2
-    assert plot_results(tmp_path / "bench_h100.json").axes[0].texts[0].get_text() == "no results in bench_h100.json yet"
+    assert (
+        plot_results(tmp_path / "bench_h100.json").axes[0].texts[0].get_text()
+        == "no results in bench_h100.json yet"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,7 +280,9 @@ def test_every_table_on_the_page_shows_only_numbers_from_its_results_file(page: 
         path = ROOT / "docs" / data
         text = function(path, **kwargs)
         results = json.loads(path.read_text()) if path.exists() else {}
-        stray = set(NUMBER.findall(text)) - allowed_numbers(results) - set(NUMBER.findall(path.name))
+        stray = (
+            set(NUMBER.findall(text)) - allowed_numbers(results) - set(NUMBER.findall(path.name))
+        )
         assert not stray, f"{dotted} on {data} shows numbers not in the file: {stray}"
         assert "Not yet measured" not in text
 
@@ -217,7 +290,9 @@ def test_every_table_on_the_page_shows_only_numbers_from_its_results_file(page: 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
 def test_every_page_renders_a_measurement_of_this_machine(page: Path) -> None:
     files = {data for _, data, _ in page_renders(page) if data}
-    assert any((ROOT / "docs" / f).exists() for f in files), f"{page.name}: no results file that exists"
+    assert any((ROOT / "docs" / f).exists() for f in files), (
+        f"{page.name}: no results file that exists"
+    )
 
 
 def test_pages_type_no_result_table_by_hand() -> None:
@@ -225,11 +300,16 @@ def test_pages_type_no_result_table_by_hand() -> None:
     assert rows == []
 
 
-@pytest.mark.parametrize("path", sorted(DATA.glob("bench_*.json")) + sorted(DATA.glob("perf_*.json")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    sorted(DATA.glob("bench_*.json")) + sorted(DATA.glob("perf_*.json")),
+    ids=lambda p: p.name,
+)
 def test_committed_results_files_come_from_a_clean_tree(path: Path) -> None:
     results = read_results(path)
     meta = results["meta"]
     assert meta["git_dirty"] is False and len(meta["git_commit"]) == 40
     assert meta["command"].startswith("python -m trainopt.perf.bench ")
-    assert (meta["device"] == "cuda") == path.stem.endswith("h100")  # GPU files come from a GPU, and only they
+    assert (meta["device"] == "cuda") == path.stem.endswith(
+        "h100"
+    )  # GPU files come from a GPU, and only they

@@ -6,8 +6,8 @@ import statistics
 
 import pytest
 
-from trainopt_site.perf.bench.report import render
 from trainopt.perf.bench.scaling import run
+from trainopt_site.perf.bench.report import render
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,11 @@ def test_efficiency_is_the_one_process_median_over_the_two_process_median(result
     assert len(one) == len(two) == 4 and all(t > 0 for t in one + two)
     by_hand = (2 * 2 * 16 / statistics.median(two)) / (2 * (2 * 16 / statistics.median(one)))
     assert results["efficiency"]["ratio"] == pytest.approx(by_hand, rel=1e-12)
-    assert results["efficiency"]["low"] <= results["efficiency"]["ratio"] <= results["efficiency"]["high"]
+    assert (
+        results["efficiency"]["low"]
+        <= results["efficiency"]["ratio"]
+        <= results["efficiency"]["high"]
+    )
 
 
 def test_throughput_counts_the_tokens_of_every_process(results: dict) -> None:

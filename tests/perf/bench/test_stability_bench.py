@@ -12,16 +12,25 @@ from typing import Any
 import pytest
 
 from trainopt.perf.bench import stability
-from trainopt_site.perf.bench.report import render
 from trainopt.perf.bench.stability import FORMS, paired_ratios, run
+from trainopt_site.perf.bench.report import render
 
 COMMITTED = Path(__file__).resolve().parents[3] / "docs" / "_data" / "bench_stability_cpu.json"
 
 
 @pytest.fixture(scope="module")
 def result() -> dict[str, Any]:
-    return run(size="tiny", device="cpu", batch_size=2, seq_len=16, steps_per_window=1, windows=3,
-               warmup_steps=1, max_warmup_steps=2, sync_steps=2)
+    return run(
+        size="tiny",
+        device="cpu",
+        batch_size=2,
+        seq_len=16,
+        steps_per_window=1,
+        windows=3,
+        warmup_steps=1,
+        max_warmup_steps=2,
+        sync_steps=2,
+    )
 
 
 def check_forms(results: dict[str, Any]) -> None:
@@ -73,8 +82,18 @@ def test_a_stabilizer_that_reads_the_host_is_caught(monkeypatch: pytest.MonkeyPa
         return loss
 
     monkeypatch.setattr(stability.TrainingStabilizer, "step", reading_step)
-    bad = run(size="tiny", device="cpu", batch_size=2, seq_len=8, steps_per_window=1, windows=1,
-              warmup_steps=1, max_warmup_steps=2, sync_steps=3, forms=["AdamW fused"])
+    bad = run(
+        size="tiny",
+        device="cpu",
+        batch_size=2,
+        seq_len=8,
+        steps_per_window=1,
+        windows=1,
+        warmup_steps=1,
+        max_warmup_steps=2,
+        sync_steps=3,
+        forms=["AdamW fused"],
+    )
     reads = bad["forms"][0]["host_reads"]
     assert reads["stabilized"]["count"] == reads["bare"]["count"] + 3
     assert not bad["sync_check"]["passed"]

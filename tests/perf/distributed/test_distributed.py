@@ -19,10 +19,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainopt.models import GPT, gpt_config
-from trainopt.perf.distributed.ddp import COMM_HOOKS, gradient_sync, register_comm_hook
-from trainopt.perf.distributed.fsdp import fsdp2_available, memory_per_rank, memory_table
-from trainopt.perf.distributed.processes import WorkerError, launch
 from trainopt.perf.distributed.agreement import (
     GradientScaleError,
     any_rank,
@@ -31,8 +27,11 @@ from trainopt.perf.distributed.agreement import (
     nonfinite_flag,
 )
 from trainopt.perf.distributed.checks import raise_on_rank
-from trainopt_site.perf.distributed.cli import all_checks, main
 from trainopt.perf.distributed.compression import MEASURED_HOOKS
+from trainopt.perf.distributed.ddp import COMM_HOOKS, gradient_sync, register_comm_hook
+from trainopt.perf.distributed.fsdp import fsdp2_available, memory_per_rank, memory_table
+from trainopt.perf.distributed.processes import WorkerError, launch
+from trainopt_site.perf.distributed.cli import all_checks, main
 from trainopt_site.perf.distributed.compression import compression_table
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -40,7 +39,9 @@ PAGE = ROOT / "docs/advanced/performance/distributed-training.md"
 DATA = ROOT / "docs/_data/distributed_compression.json"
 TOLERANCE = 1e-5  # fp32: max parameter difference from single-process training
 
-needs_fsdp2 = pytest.mark.skipif(not fsdp2_available(), reason="FSDP2 (fully_shard) needs torch >= 2.4")
+needs_fsdp2 = pytest.mark.skipif(
+    not fsdp2_available(), reason="FSDP2 (fully_shard) needs torch >= 2.4"
+)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +143,11 @@ def test_summed_loss_is_caught_and_the_factor_is_the_local_token_count(checks):
         (32.0, dict(local_batch_size=32), "summed over the per-rank batch"),
         (0.5, dict(world_size=2), "averaged over ranks"),
         (4.0, dict(accumulation_steps=4), "not divided by accumulation_steps"),
-        (128.0, dict(local_batch_size=32, accumulation_steps=4), "summed over the per-rank batch and"),
+        (
+            128.0,
+            dict(local_batch_size=32, accumulation_steps=4),
+            "summed over the per-rank batch and",
+        ),
         (3.0, dict(world_size=2, local_batch_size=32), "no known cause"),
     ],
 )
@@ -184,11 +189,16 @@ def test_powersgd_sends_a_fraction_and_error_feedback_makes_the_sum_more_accurat
         record = checks[0]["compression"][spec]
         assert record["sent_fraction"] < 0.1
         assert record["cumulative"] < record["mean"]  # what one step drops, the next sends
-    assert checks[0]["compression"]["powersgd:4"]["sent_fraction"] > checks[0]["compression"]["powersgd:1"]["sent_fraction"]
+    assert (
+        checks[0]["compression"]["powersgd:4"]["sent_fraction"]
+        > checks[0]["compression"]["powersgd:1"]["sent_fraction"]
+    )
 
 
 def test_unknown_hook_name_is_rejected_with_the_allowed_names():
-    with pytest.raises(ValueError, match=r"name must be one of \['allreduce', 'fp16', 'bf16', 'powersgd'\]"):
+    with pytest.raises(
+        ValueError, match=r"name must be one of \['allreduce', 'fp16', 'bf16', 'powersgd'\]"
+    ):
         register_comm_hook(None, "int8")  # type: ignore[arg-type]
     assert COMM_HOOKS == ("allreduce", "fp16", "bf16", "powersgd")
 
@@ -225,7 +235,11 @@ def test_the_pages_compression_command_writes_json(tmp_path):
 
 def test_agreed_skip_is_the_same_on_every_rank_when_only_rank_1_sees_a_nan(checks):
     rank0, rank1 = checks[0]["skip"]["agreed"], checks[1]["skip"]["agreed"]
-    assert rank0["local_flags"] == [False, False, False] and rank1["local_flags"] == [False, True, False]
+    assert rank0["local_flags"] == [False, False, False] and rank1["local_flags"] == [
+        False,
+        True,
+        False,
+    ]
     assert rank0["decisions"] == rank1["decisions"] == [False, True, False]
     assert torch.isfinite(rank0["params"]).all()
     assert torch.equal(rank0["params"], rank1["params"])  # replicas stay identical
@@ -276,12 +290,18 @@ def test_launch_names_the_failing_rank_and_stops_the_others():
     assert info.value.rank == 1 and "raises on purpose" in str(info.value)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(nprocs=0), "nprocs must be an int >= 1"),
-    (dict(nprocs=2, backend="mpi"), "backend must be 'gloo', 'nccl' or None"),
-    (dict(nprocs=2, timeout=0), "timeout must be a positive number of seconds, got timeout=0"),
-    (dict(nprocs=2, collective_timeout="60"), "collective_timeout must be a positive number of seconds"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(nprocs=0), "nprocs must be an int >= 1"),
+        (dict(nprocs=2, backend="mpi"), "backend must be 'gloo', 'nccl' or None"),
+        (dict(nprocs=2, timeout=0), "timeout must be a positive number of seconds, got timeout=0"),
+        (
+            dict(nprocs=2, collective_timeout="60"),
+            "collective_timeout must be a positive number of seconds",
+        ),
+    ],
+)
 def test_launch_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         launch(raise_on_rank, **kwargs)
@@ -304,10 +324,13 @@ def test_each_zero_stage_needs_no_more_memory_than_the_one_before(n_params, worl
     assert math.isclose(totals[3] * world_size, totals[0], rel_tol=1e-9)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(stage=4), "stage must be one of [0, 1, 2, 3]"),
-    (dict(stage=1, world_size=0), "world_size must be an int >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(stage=4), "stage must be one of [0, 1, 2, 3]"),
+        (dict(stage=1, world_size=0), "world_size must be an int >= 1"),
+    ],
+)
 def test_memory_per_rank_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         memory_per_rank(1e9, **{"world_size": 8, **kwargs})

@@ -21,9 +21,14 @@ from trainopt.perf.distributed.processes import free_port, init_from_env, launch
 
 
 @settings(max_examples=25, deadline=None)
-@given(lengths=st.lists(st.integers(0, 6), min_size=2, max_size=8), micro_batches=st.integers(1, 4),
-       seed=st.integers(0, 2**16))
-def test_micro_batch_losses_add_up_to_the_mean_over_every_counted_token(lengths, micro_batches, seed):
+@given(
+    lengths=st.lists(st.integers(0, 6), min_size=2, max_size=8),
+    micro_batches=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_micro_batch_losses_add_up_to_the_mean_over_every_counted_token(
+    lengths, micro_batches, seed
+):
     generator = torch.Generator().manual_seed(seed)
     logits = torch.randn(len(lengths), 6, 5, generator=generator, dtype=torch.float64)
     targets = torch.randint(0, 5, (len(lengths), 6), generator=generator)
@@ -35,14 +40,18 @@ def test_micro_batch_losses_add_up_to_the_mean_over_every_counted_token(lengths,
     if sum(lengths) == 0:
         assert total == 0  # nothing counted: no gradient, not a NaN
     else:
-        expected = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+        expected = F.cross_entropy(
+            logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX
+        )
         torch.testing.assert_close(total, expected)
 
 
 def test_an_int_token_count_gives_the_same_loss_as_a_tensor():
     logits, targets = torch.randn(3, 4, 7), torch.randint(0, 7, (3, 4))
-    assert torch.equal(token_normalized_loss(logits, targets, 12),
-                       token_normalized_loss(logits, targets, torch.tensor(12)))
+    assert torch.equal(
+        token_normalized_loss(logits, targets, 12),
+        token_normalized_loss(logits, targets, torch.tensor(12)),
+    )
 
 
 def test_token_count_of_no_tensor_is_an_error():
@@ -51,8 +60,13 @@ def test_token_count_of_no_tensor_is_an_error():
 
 
 def test_init_from_env_joins_the_group_the_environment_describes():
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
+    env = {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
     with mock.patch.dict(os.environ, env):
         device = init_from_env("gloo")
     try:
@@ -65,12 +79,21 @@ def test_init_from_env_joins_the_group_the_environment_describes():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_init_from_env_sets_the_cuda_device_of_the_local_rank():
     local_rank = torch.cuda.device_count() - 1
-    env = {"RANK": "0", "LOCAL_RANK": str(local_rank), "WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    env = {
+        "RANK": "0",
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
     with mock.patch.dict(os.environ, env):
         device = init_from_env("nccl")
     try:
-        assert device == torch.device("cuda", local_rank) == torch.device("cuda", torch.cuda.current_device())
+        assert (
+            device
+            == torch.device("cuda", local_rank)
+            == torch.device("cuda", torch.cuda.current_device())
+        )
     finally:
         dist.destroy_process_group()
 
@@ -94,7 +117,14 @@ def test_a_checkpoint_round_trip_restores_model_and_optimizer(tmp_path):
 
 @pytest.mark.skipif(not fsdp2_available(), reason="FSDP2 (fully_shard) needs torch >= 2.4")
 def test_a_checkpoint_saved_by_two_fsdp2_ranks_resumes_and_loads_into_one_plain_model(tmp_path):
-    ranks = launch(sharded_checkpoint_check, 2, str(tmp_path), backend="gloo", timeout=300, collective_timeout=30)
+    ranks = launch(
+        sharded_checkpoint_check,
+        2,
+        str(tmp_path),
+        backend="gloo",
+        timeout=300,
+        collective_timeout=30,
+    )
     assert [r["max_param_diff"] for r in ranks] == [0.0, 0.0]
     assert [r["resumed_step"] for r in ranks] == [2.0, 2.0]
     plain = GPT(gpt_config("tiny"))

@@ -9,7 +9,6 @@ require("accelerate", "hf")
 
 from trainopt_site.stability.integrations.checks import accelerate_run  # noqa: E402
 
-
 TOLERANCE = 1e-6  # a rate that changes inside a window reaches the optimizer as a float32 tensor
 
 
@@ -18,7 +17,10 @@ def max_diff(a: dict, b: dict) -> float:
 
 
 def test_with_nothing_to_skip_the_run_equals_the_plain_run(tmp_path) -> None:
-    plain, guarded = accelerate_run(str(tmp_path / "a"), None), accelerate_run(str(tmp_path / "b"), {"check_every": 4})
+    plain, guarded = (
+        accelerate_run(str(tmp_path / "a"), None),
+        accelerate_run(str(tmp_path / "b"), {"check_every": 4}),
+    )
     assert max_diff(plain, guarded) <= TOLERANCE and guarded["skipped"] == 0
 
 
@@ -36,6 +38,11 @@ def test_trainopt_adds_no_host_sync_per_step(tmp_path) -> None:
 
 
 def test_resuming_from_the_frameworks_checkpoint_continues_bitwise(tmp_path) -> None:
-    full = accelerate_run(str(tmp_path), {"check_every": 4}, nan_batch=2, save_at=5)  # save_state at step 5
+    full = accelerate_run(
+        str(tmp_path), {"check_every": 4}, nan_batch=2, save_at=5
+    )  # save_state at step 5
     resumed = accelerate_run(str(tmp_path), {"check_every": 4}, nan_batch=2, resume=5)
-    assert torch.equal(full["weights"], resumed["weights"]) and resumed["skipped"] == full["skipped"] == 1
+    assert (
+        torch.equal(full["weights"], resumed["weights"])
+        and resumed["skipped"] == full["skipped"] == 1
+    )

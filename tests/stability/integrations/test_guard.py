@@ -39,12 +39,21 @@ def test_state_dict_resumes_mid_window_bitwise(tmp_path) -> None:
     _train(model, guarded, range(12))
     first, guarded_2 = _setup()
     _train(first, guarded_2, range(6))  # 6 steps: mid-window (check_every=4), one skipped
-    torch.save({"model": first.state_dict(), "opt": guarded_2.state_dict(), "sched": guarded_2.scheduler.state_dict()},
-               tmp_path / "c.pt")
+    torch.save(
+        {
+            "model": first.state_dict(),
+            "opt": guarded_2.state_dict(),
+            "sched": guarded_2.scheduler.state_dict(),
+        },
+        tmp_path / "c.pt",
+    )
     saved = torch.load(tmp_path / "c.pt", weights_only=True)
     resumed, guarded_3 = _setup()
     resumed.load_state_dict(saved["model"])
     guarded_3.load_state_dict(saved["opt"])
     guarded_3.scheduler.load_state_dict(saved["sched"])
     _train(resumed, guarded_3, range(6, 12))
-    assert torch.equal(resumed.weight, model.weight) and guarded_3.skipped_steps == guarded.skipped_steps == 1
+    assert (
+        torch.equal(resumed.weight, model.weight)
+        and guarded_3.skipped_steps == guarded.skipped_steps == 1
+    )

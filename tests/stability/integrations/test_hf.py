@@ -18,7 +18,6 @@ require("transformers", "hf")
 
 from trainopt_site.stability.integrations.checks import hf_run  # noqa: E402
 
-
 TOLERANCE = 1e-6  # a rate that changes inside a window reaches the optimizer as a float32 tensor
 
 
@@ -27,7 +26,10 @@ def max_diff(a: dict, b: dict) -> float:
 
 
 def test_with_nothing_to_skip_the_run_equals_the_plain_run(tmp_path) -> None:
-    plain, guarded = hf_run(str(tmp_path / "a"), None), hf_run(str(tmp_path / "b"), {"check_every": 4})
+    plain, guarded = (
+        hf_run(str(tmp_path / "a"), None),
+        hf_run(str(tmp_path / "b"), {"check_every": 4}),
+    )
     assert max_diff(plain, guarded) <= TOLERANCE and guarded["skipped"] == 0
 
 
@@ -45,12 +47,20 @@ def test_trainopt_adds_no_host_sync_per_step(tmp_path) -> None:
 
 
 def test_resuming_from_the_frameworks_checkpoint_continues_bitwise(tmp_path) -> None:
-    full = hf_run(str(tmp_path), {"check_every": 4}, nan_batch=2, save_steps=5)  # checkpoint-5: mid-window
-    resumed = hf_run(str(tmp_path), {"check_every": 4}, nan_batch=2, resume=str(tmp_path / "checkpoint-5"))
-    assert torch.equal(full["weights"], resumed["weights"]) and resumed["skipped"] == full["skipped"] == 1
+    full = hf_run(
+        str(tmp_path), {"check_every": 4}, nan_batch=2, save_steps=5
+    )  # checkpoint-5: mid-window
+    resumed = hf_run(
+        str(tmp_path), {"check_every": 4}, nan_batch=2, resume=str(tmp_path / "checkpoint-5")
+    )
+    assert (
+        torch.equal(full["weights"], resumed["weights"])
+        and resumed["skipped"] == full["skipped"] == 1
+    )
 
 
 # -- a real Trainer on a tiny torch model: clipping, the loss it optimises, a metric scheduler -----
+
 
 class _Net(torch.nn.Module):
     """A linear model with the Trainer's calling convention; one training call's gradients x1e4.
@@ -69,9 +79,11 @@ class _Net(torch.nn.Module):
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> dict:
         out = {"logits": self.net(x)}
         if labels is not None:
-            loss = (torch.nn.functional.mse_loss(out["logits"], labels)
-                    if labels.is_floating_point()
-                    else torch.nn.functional.cross_entropy(out["logits"], labels))
+            loss = (
+                torch.nn.functional.mse_loss(out["logits"], labels)
+                if labels.is_floating_point()
+                else torch.nn.functional.cross_entropy(out["logits"], labels)
+            )
             if self.training and self.calls == self.boost_call:
                 loss = loss + 9999 * (loss - loss.detach())
             out["loss"] = loss
@@ -96,20 +108,36 @@ def _trainer(tmp_path, model, data, guard_options, scheduler=None, **args) -> tu
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.pop("lr", 1e-3), fused=True)
     compute_loss_func = args.pop("compute_loss_func", None)
-    optimizers, callback = stabilize(model, optimizer, scheduler and scheduler(optimizer),
-                                     **guard_options)
+    optimizers, callback = stabilize(
+        model, optimizer, scheduler and scheduler(optimizer), **guard_options
+    )
     weights = []  # after each optimizer step
 
     class _Weights(TrainerCallback):
         def on_step_end(self, *a, **k) -> None:
             weights.append(torch.cat([p.detach().flatten().clone() for p in model.parameters()]))
 
-    arguments = TrainingArguments(str(tmp_path), per_device_train_batch_size=4, num_train_epochs=1,
-                                  logging_steps=1, report_to="none", use_cpu=True, seed=0,
-                                  disable_tqdm=True, save_strategy="no",
-                                  train_sampling_strategy="sequential", **args)
-    trainer = Trainer(model=model, args=arguments, train_dataset=data, optimizers=optimizers,
-                      callbacks=[callback, _Weights()], compute_loss_func=compute_loss_func)
+    arguments = TrainingArguments(
+        str(tmp_path),
+        per_device_train_batch_size=4,
+        num_train_epochs=1,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        save_strategy="no",
+        train_sampling_strategy="sequential",
+        **args,
+    )
+    trainer = Trainer(
+        model=model,
+        args=arguments,
+        train_dataset=data,
+        optimizers=optimizers,
+        callbacks=[callback, _Weights()],
+        compute_loss_func=compute_loss_func,
+    )
     trainer.remove_callback(PrinterCallback)
     return trainer, optimizers[0], weights
 
@@ -143,17 +171,27 @@ def test_the_guard_clips_at_the_trainers_max_grad_norm(tmp_path) -> None:
     for guarded_run in (False, True):
         model = _Net(1)
         if guarded_run:
-            trainer, _, _ = _trainer(tmp_path / "g", model, _data(4 * 6), {"check_every": 3},
-                                     max_grad_norm=0.5)
+            trainer, _, _ = _trainer(
+                tmp_path / "g", model, _data(4 * 6), {"check_every": 3}, max_grad_norm=0.5
+            )
         else:  # the same optimizer, unguarded, clipped by the Trainer
-            args = TrainingArguments(str(tmp_path / "p"), per_device_train_batch_size=4,
-                                     max_grad_norm=0.5, num_train_epochs=1, report_to="none",
-                                     use_cpu=True, seed=0, disable_tqdm=True, save_strategy="no",
-                                     train_sampling_strategy="sequential")
+            args = TrainingArguments(
+                str(tmp_path / "p"),
+                per_device_train_batch_size=4,
+                max_grad_norm=0.5,
+                num_train_epochs=1,
+                report_to="none",
+                use_cpu=True,
+                seed=0,
+                disable_tqdm=True,
+                save_strategy="no",
+                train_sampling_strategy="sequential",
+            )
             adamw = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
             constant = torch.optim.lr_scheduler.LambdaLR(adamw, lambda step: 1.0)
-            trainer = Trainer(model=model, args=args, train_dataset=_data(4 * 6),
-                              optimizers=(adamw, constant))
+            trainer = Trainer(
+                model=model, args=args, train_dataset=_data(4 * 6), optimizers=(adamw, constant)
+            )
         trainer.train()
         runs.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert float((runs[0] - runs[1]).abs().max()) <= 1e-6
@@ -169,13 +207,24 @@ def test_a_guard_that_clips_beside_a_trainer_that_clips_is_refused(tmp_path) -> 
 @pytest.mark.parametrize("how", ["label_smoothing_factor", "compute_loss_func"])
 def test_the_loss_the_trainer_optimises_is_monitored(tmp_path, how, accumulation) -> None:
     """Label smoothing or ``compute_loss_func``: the loss is computed outside the model."""
-    options = ({"label_smoothing_factor": 0.3} if how == "label_smoothing_factor" else
-               {"compute_loss_func": lambda out, labels, num_items_in_batch=None:
-                3 * torch.nn.functional.cross_entropy(out["logits"], labels)})
+    options = (
+        {"label_smoothing_factor": 0.3}
+        if how == "label_smoothing_factor"
+        else {
+            "compute_loss_func": lambda out, labels, num_items_in_batch=None: (
+                3 * torch.nn.functional.cross_entropy(out["logits"], labels)
+            )
+        }
+    )
     model = _Net(4)
-    trainer, guarded, weights = _trainer(tmp_path, model, _data(4 * 8, classes=4),
-                                         {"check_every": 2},
-                                         gradient_accumulation_steps=accumulation, **options)
+    trainer, guarded, weights = _trainer(
+        tmp_path,
+        model,
+        _data(4 * 8, classes=4),
+        {"check_every": 2},
+        gradient_accumulation_steps=accumulation,
+        **options,
+    )
     seen = _spy(guarded)
     trainer.train()
     logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
@@ -190,8 +239,9 @@ def test_a_reduce_on_plateau_scheduler_cuts_the_rate_on_a_plateau(tmp_path) -> N
     lr = 1e-7  # too small to learn: the loss plateaus
     plateau = functools.partial(torch.optim.lr_scheduler.ReduceLROnPlateau, patience=0, factor=0.5)
     model = _Net(1)
-    trainer, guarded, _ = _trainer(tmp_path, model, _data(4 * 12), {"check_every": 2}, plateau,
-                                   lr=lr)
+    trainer, guarded, _ = _trainer(
+        tmp_path, model, _data(4 * 12), {"check_every": 2}, plateau, lr=lr
+    )
     trainer.train()
     medians = [report["loss"]["median"] for report in guarded.reports]
     reference = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)
@@ -207,8 +257,9 @@ def test_without_the_trainer_at_hand_the_models_loss_is_monitored(tmp_path, monk
     from trainopt.stability.integrations import hf
 
     monkeypatch.setattr(hf, "_calling_trainer", lambda callback: None)
-    trainer, guarded, weights = _trainer(tmp_path, _Net(1, boost_call=25), _data(4 * 30),
-                                         {"check_every": 5})
+    trainer, guarded, weights = _trainer(
+        tmp_path, _Net(1, boost_call=25), _data(4 * 30), {"check_every": 5}
+    )
     seen = _spy(guarded)
     trainer.train()
     logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]

@@ -25,7 +25,9 @@ print(json.dumps({"after_stability": after_stability, "top_level": sorted({n.spl
 
 @pytest.fixture(scope="module")
 def loaded() -> dict:
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True
+    ).stdout
     return json.loads(out.splitlines()[-1])
 
 

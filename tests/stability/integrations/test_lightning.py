@@ -14,7 +14,6 @@ require("lightning", "lightning")
 
 from trainopt_site.stability.integrations.checks import lightning_run  # noqa: E402
 
-
 TOLERANCE = 1e-6  # a rate that changes inside a window reaches the optimizer as a float32 tensor
 
 
@@ -23,7 +22,10 @@ def max_diff(a: dict, b: dict) -> float:
 
 
 def test_with_nothing_to_skip_the_run_equals_the_plain_run(tmp_path) -> None:
-    plain, guarded = lightning_run(str(tmp_path / "a"), None), lightning_run(str(tmp_path / "b"), {"check_every": 4})
+    plain, guarded = (
+        lightning_run(str(tmp_path / "a"), None),
+        lightning_run(str(tmp_path / "b"), {"check_every": 4}),
+    )
     assert max_diff(plain, guarded) <= TOLERANCE and guarded["skipped"] == 0
 
 
@@ -42,10 +44,20 @@ def test_trainopt_adds_no_host_sync_per_step(tmp_path) -> None:
 
 def test_resuming_from_the_frameworks_checkpoint_continues_bitwise(tmp_path) -> None:
     full = lightning_run(str(tmp_path / "full"), {"check_every": 5}, nan_batch=2, epochs=2)
-    lightning_run(str(tmp_path / "a"), {"check_every": 5}, nan_batch=2, epochs=2, stop_after=1)  # 12 steps: mid-window
-    resumed = lightning_run(str(tmp_path / "b"), {"check_every": 5}, nan_batch=2, epochs=2,
-                            resume=str(tmp_path / "a" / "last.ckpt"))
-    assert torch.equal(full["weights"], resumed["weights"]) and resumed["skipped"] == full["skipped"] == 2
+    lightning_run(
+        str(tmp_path / "a"), {"check_every": 5}, nan_batch=2, epochs=2, stop_after=1
+    )  # 12 steps: mid-window
+    resumed = lightning_run(
+        str(tmp_path / "b"),
+        {"check_every": 5},
+        nan_batch=2,
+        epochs=2,
+        resume=str(tmp_path / "a" / "last.ckpt"),
+    )
+    assert (
+        torch.equal(full["weights"], resumed["weights"])
+        and resumed["skipped"] == full["skipped"] == 2
+    )
 
 
 def _boosted_fit(tmp_path, boost_batch: int | None, guard_options: dict, **trainer_options) -> dict:
@@ -83,10 +95,17 @@ def _boosted_fit(tmp_path, boost_batch: int | None, guard_options: dict, **train
             held["guard"] = GuardedOptimizer(adamw, **guard_options)
             return held["guard"]
 
-    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False,
-                        default_root_dir=str(tmp_path),
-                        callbacks=[stabilizer_callback()], **trainer_options)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[stabilizer_callback()],
+        **trainer_options,
+    )
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4)
     trainer.fit(Net(), data)
     return {"guard": held["guard"], "weights": weights, "trainer": trainer}
@@ -124,20 +143,35 @@ def test_the_guard_clips_at_gradient_clip_val(tmp_path) -> None:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(4 * 30, 8, generator=g)
     y = 10 * x @ torch.randn(8, 1, generator=g) + 5
-    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False,
-                        default_root_dir=str(tmp_path / "p"), gradient_clip_val=0.5)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=str(tmp_path / "p"),
+        gradient_clip_val=0.5,
+    )
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4)
     trainer.fit(Plain(), data)
     plain = torch.cat([p.detach().flatten() for p in net.parameters()])
     assert float((guarded - plain).abs().max()) <= 1e-6
 
 
-@pytest.mark.parametrize(("guard_options", "trainer_options", "match"), [
-    ({"max_grad_norm": 1.0}, {"gradient_clip_val": 1.0}, "clip once"),
-    ({}, {"gradient_clip_val": 1.0, "gradient_clip_algorithm": "value"}, "gradient_clip_algorithm"),
-])
-def test_clipping_the_guard_cannot_take_over_is_refused(tmp_path, guard_options, trainer_options,
-                                                        match) -> None:
+@pytest.mark.parametrize(
+    ("guard_options", "trainer_options", "match"),
+    [
+        ({"max_grad_norm": 1.0}, {"gradient_clip_val": 1.0}, "clip once"),
+        (
+            {},
+            {"gradient_clip_val": 1.0, "gradient_clip_algorithm": "value"},
+            "gradient_clip_algorithm",
+        ),
+    ],
+)
+def test_clipping_the_guard_cannot_take_over_is_refused(
+    tmp_path, guard_options, trainer_options, match
+) -> None:
     with pytest.raises(ValueError, match=match):
         _boosted_fit(tmp_path, None, {"check_every": 5, **guard_options}, **trainer_options)

@@ -38,8 +38,12 @@ def bias_correction_figure(steps: int = 200, seed: int = 0) -> Any:
     for betas in [(0.9, 0.999), (0.9, 0.99), (0.9, 0.9)]:
         left.plot(t, adam_step_size_factor(t, betas), label=f"β1={betas[0]}, β2={betas[1]}")
     left.axhline(1.0, color="grey", lw=0.8, ls="--")
-    left.set(xscale="log", xlabel="step t", ylabel="uncorrected / corrected step",
-             title="(1-β1^t) / sqrt(1-β2^t)")
+    left.set(
+        xscale="log",
+        xlabel="step t",
+        ylabel="uncorrected / corrected step",
+        title="(1-β1^t) / sqrt(1-β2^t)",
+    )
     left.legend(fontsize=8)
 
     generator = torch.Generator().manual_seed(seed)
@@ -52,7 +56,12 @@ def bias_correction_figure(steps: int = 200, seed: int = 0) -> Any:
             sizes.append(float((param - new).abs()) / 1e-3)
             param = new
         right.plot(range(1, steps + 1), sizes, label=label)
-    right.set(xscale="log", xlabel="step t", ylabel="|step| / lr", title="Adam on a noisy gradient (mean 1)")
+    right.set(
+        xscale="log",
+        xlabel="step t",
+        ylabel="|step| / lr",
+        title="Adam on a noisy gradient (mean 1)",
+    )
     right.legend(fontsize=8)
     for ax in (left, right):
         ax.grid(alpha=0.3)
@@ -60,7 +69,9 @@ def bias_correction_figure(steps: int = 200, seed: int = 0) -> Any:
     return fig
 
 
-def warmup_figure(lr: float = 0.03, warmup_steps: int = 50, steps: int = 60, total_steps: int = 200) -> Any:
+def warmup_figure(
+    lr: float = 0.03, warmup_steps: int = 50, steps: int = 60, total_steps: int = 200
+) -> Any:
     """Left: the learning rate with and without warm-up. Right: Adam's losses in the first steps.
 
     Example:
@@ -72,11 +83,21 @@ def warmup_figure(lr: float = 0.03, warmup_steps: int = 50, steps: int = 60, tot
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
     for warm, label in [(0, "no warm-up"), (warmup_steps, f"{warmup_steps} warm-up steps")]:
-        left.plot([warmup_cosine_lr(t, max_lr=lr, warmup_steps=warm, total_steps=total_steps)
-                   for t in range(total_steps + 20)], label=label)
+        left.plot(
+            [
+                warmup_cosine_lr(t, max_lr=lr, warmup_steps=warm, total_steps=total_steps)
+                for t in range(total_steps + 20)
+            ],
+            label=label,
+        )
         right.plot(train_digits_adam(lr, warm, steps=steps, total_steps=total_steps), label=label)
     left.set(xlabel="step", ylabel="learning rate", title="warm-up, then cosine decay")
-    right.set(yscale="log", xlabel="step", ylabel="training loss", title=f"Adam, peak lr {lr}, 6-layer MLP")
+    right.set(
+        yscale="log",
+        xlabel="step",
+        ylabel="training loss",
+        title=f"Adam, peak lr {lr}, 6-layer MLP",
+    )
     for ax in (left, right):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -26,7 +26,15 @@ from trainopt.concepts.rules import warmup_cosine_lr
 from trainopt.models import GPT, gpt_config
 from trainopt_site.stability.corpus_runs import generated_text
 
-__all__ = ["best_lrs", "final_loss", "lr_sweep", "main", "mup_sweep_figure", "mup_sweep_table", "sweep_text"]
+__all__ = [
+    "best_lrs",
+    "final_loss",
+    "lr_sweep",
+    "main",
+    "mup_sweep_figure",
+    "mup_sweep_table",
+    "sweep_text",
+]
 
 WIDTHS = (32, 64, 128)
 LRS = (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2)
@@ -46,8 +54,17 @@ def sweep_text() -> torch.Tensor:
     return torch.tensor([chars.index(c) for c in text])
 
 
-def final_loss(width: int, lr: float, mup: bool, steps: int = 300, base_width: int = 32,
-               batch_size: int = 32, block: int = 32, seed: int = 0, tail: int = 25) -> float:
+def final_loss(
+    width: int,
+    lr: float,
+    mup: bool,
+    steps: int = 300,
+    base_width: int = 32,
+    batch_size: int = 32,
+    block: int = 32,
+    seed: int = 0,
+    tail: int = 25,
+) -> float:
     """Train the GPT (2 layers, 4 heads, ``n_embd=width``) on :func:`sweep_text`; the final train loss.
 
     AdamW (no weight decay), ``lr`` warmed up over the first 10 % of ``steps`` and cosine-decayed
@@ -64,8 +81,14 @@ def final_loss(width: int, lr: float, mup: bool, steps: int = 300, base_width: i
     torch.set_num_threads(1)  # tiny models: one thread is fastest, and the losses reproducible
     try:
         data = sweep_text()
-        config = gpt_config("tiny", vocab_size=int(data.max()) + 1, block_size=block, n_embd=width,
-                            n_head=4, n_layer=2)
+        config = gpt_config(
+            "tiny",
+            vocab_size=int(data.max()) + 1,
+            block_size=block,
+            n_embd=width,
+            n_head=4,
+            n_layer=2,
+        )
         torch.manual_seed(seed)
         if mup:
             model = mup_gpt(config, base_width)
@@ -80,8 +103,9 @@ def final_loss(width: int, lr: float, mup: bool, steps: int = 300, base_width: i
         losses = []
         for step in range(steps):
             for group in optimizer.param_groups:
-                group["lr"] = warmup_cosine_lr(step, max_lr=group["peak"], warmup_steps=steps // 10,
-                                               total_steps=steps)
+                group["lr"] = warmup_cosine_lr(
+                    step, max_lr=group["peak"], warmup_steps=steps // 10, total_steps=steps
+                )
             starts = torch.randint(0, len(data) - block - 1, (batch_size,), generator=generator)
             chunk = data[starts[:, None] + torch.arange(block + 1)]
             loss = model(chunk[:, :-1], targets=chunk[:, 1:])
@@ -95,8 +119,13 @@ def final_loss(width: int, lr: float, mup: bool, steps: int = 300, base_width: i
         torch.set_num_threads(threads)
 
 
-def lr_sweep(widths: Sequence[int] = WIDTHS, lrs: Sequence[float] = LRS, steps: int = 300,
-             base_width: int | None = None, seed: int = 0) -> dict[str, Any]:
+def lr_sweep(
+    widths: Sequence[int] = WIDTHS,
+    lrs: Sequence[float] = LRS,
+    steps: int = 300,
+    base_width: int | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Final losses for every (parametrization, width, lr); μP relative to the smallest width.
 
     Example:
@@ -111,9 +140,23 @@ def lr_sweep(widths: Sequence[int] = WIDTHS, lrs: Sequence[float] = LRS, steps: 
         for w in widths:
             for lr in lrs:
                 loss = final_loss(w, lr, param == "muP", steps, base, seed=seed)
-                runs.append(dict(param=param, width=w, lr=lr, loss=None if math.isnan(loss) else round(loss, 5)))
-    return dict(kind="mup_sweep", steps=steps, base_width=base, widths=list(widths), lrs=list(lrs),
-                seed=seed, runs=runs)
+                runs.append(
+                    dict(
+                        param=param,
+                        width=w,
+                        lr=lr,
+                        loss=None if math.isnan(loss) else round(loss, 5),
+                    )
+                )
+    return dict(
+        kind="mup_sweep",
+        steps=steps,
+        base_width=base,
+        widths=list(widths),
+        lrs=list(lrs),
+        seed=seed,
+        runs=runs,
+    )
 
 
 def best_lrs(results: dict[str, Any]) -> dict[str, dict[int, float]]:
@@ -131,7 +174,10 @@ def best_lrs(results: dict[str, Any]) -> dict[str, dict[int, float]]:
         current = best.setdefault(run["param"], {}).get(run["width"])
         if current is None or loss < current[0]:
             best[run["param"]][run["width"]] = (loss, run["lr"])
-    return {param: {w: lr for w, (_, lr) in sorted(by_width.items())} for param, by_width in best.items()}
+    return {
+        param: {w: lr for w, (_, lr) in sorted(by_width.items())}
+        for param, by_width in best.items()
+    }
 
 
 def _read(path: str | Path) -> dict[str, Any]:
@@ -159,8 +205,10 @@ def mup_sweep_figure(path: str | Path) -> Any:
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
     for ax, param, title in zip(axes, ("SP", "muP"), ("standard parametrization", "μP")):
         for i, width in enumerate(results["widths"]):
-            runs = sorted((r for r in results["runs"] if r["param"] == param and r["width"] == width),
-                          key=lambda r: r["lr"])
+            runs = sorted(
+                (r for r in results["runs"] if r["param"] == param and r["width"] == width),
+                key=lambda r: r["lr"],
+            )
             lrs = [r["lr"] for r in runs]
             losses = [r["loss"] if r["loss"] is not None else math.nan for r in runs]
             colour = f"C{i}"
@@ -193,7 +241,9 @@ def mup_sweep_table(path: str | Path) -> str:
     loss = {(r["param"], r["width"], r["lr"]): r["loss"] for r in results["runs"]}
     lines = ["| width | best lr, standard (loss) | best lr, μP (loss) |", "| ---: | ---: | ---: |"]
     for width in results["widths"]:
-        cells = [f"{best[p][width]:g} ({loss[p, width, best[p][width]]:.3f})" for p in ("SP", "muP")]
+        cells = [
+            f"{best[p][width]:g} ({loss[p, width, best[p][width]]:.3f})" for p in ("SP", "muP")
+        ]
         lines.append(f"| {width} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 
@@ -211,15 +261,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     from trainopt.config.provenance import git_state
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = ArgumentParser(prog="python -m trainopt_site.concepts.mup_sweep",
-                            description="The concepts page's μP sweep: the GPT at 3 widths, 6 learning rates, "
-                                        "with and without μP.")
-    parser.add_argument("--steps", type=positive_int, default=300, help="training steps per run (300)")
+    parser = ArgumentParser(
+        prog="python -m trainopt_site.concepts.mup_sweep",
+        description="The concepts page's μP sweep: the GPT at 3 widths, 6 learning rates, "
+        "with and without μP.",
+    )
+    parser.add_argument(
+        "--steps", type=positive_int, default=300, help="training steps per run (300)"
+    )
     parser.add_argument("--out", type=output_file, required=True, help="results JSON file to write")
     args = parser.parse_args(argv)
-    results = {**lr_sweep(steps=args.steps), **git_state(),
-               "command": shlex.join(["python", "-m", "trainopt_site.concepts.mup_sweep", *argv]),
-               "torch": torch.__version__}
+    results = {
+        **lr_sweep(steps=args.steps),
+        **git_state(),
+        "command": shlex.join(["python", "-m", "trainopt_site.concepts.mup_sweep", *argv]),
+        "torch": torch.__version__,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(args.out.suffix + ".tmp")
     tmp.write_text(json.dumps(results, indent=1) + "\n")

@@ -21,7 +21,8 @@ FITTING: dict[str, frozenset[str]] = {
     "gradient_spike": frozenset({"gradient_explosion", "loss_explosion"}),
     "nan_sample": frozenset({"nan_inf"}),
     "high_momentum": frozenset(
-        {"oscillating", "diverging", "loss_explosion", "gradient_explosion"}),
+        {"oscillating", "diverging", "loss_explosion", "gradient_explosion"}
+    ),
 }
 """For each cause, the symptoms whose advice fits it: the first finding should be one of them."""
 
@@ -41,8 +42,9 @@ class RunSpec(NamedTuple):
     seed: int
 
 
-def run_grid(seeds: tuple[int, ...] = (0, 1, 2),
-             widths: tuple[int, ...] = (32, 128)) -> list[RunSpec]:
+def run_grid(
+    seeds: tuple[int, ...] = (0, 1, 2), widths: tuple[int, ...] = (32, 128)
+) -> list[RunSpec]:
     """Every cause with every optimizer it applies to, on each seed and hidden width.
 
     Example:
@@ -51,5 +53,9 @@ def run_grid(seeds: tuple[int, ...] = (0, 1, 2),
         >>> len(grid), sum(spec.cause == "healthy" for spec in grid)
         (66, 12)
     """
-    return [RunSpec(cause, opt, hidden, seed)
-            for (cause, opt) in SETTINGS for hidden in widths for seed in seeds]
+    return [
+        RunSpec(cause, opt, hidden, seed)
+        for (cause, opt) in SETTINGS
+        for hidden in widths
+        for seed in seeds
+    ]

@@ -21,8 +21,14 @@ WIDTH_IN = 6.4
 FONT_PT = 9.5
 """Size of every text in the figures, in points."""
 
-_STYLE = {"font.size": FONT_PT, "axes.titlesize": FONT_PT, "axes.labelsize": FONT_PT, "xtick.labelsize": FONT_PT,
-          "ytick.labelsize": FONT_PT, "legend.fontsize": FONT_PT}
+_STYLE = {
+    "font.size": FONT_PT,
+    "axes.titlesize": FONT_PT,
+    "axes.labelsize": FONT_PT,
+    "xtick.labelsize": FONT_PT,
+    "ytick.labelsize": FONT_PT,
+    "legend.fontsize": FONT_PT,
+}
 
 
 def findings_table(runs_dir: str | Path | None = None) -> str:
@@ -44,14 +50,21 @@ def findings_table(runs_dir: str | Path | None = None) -> str:
         if not run.exists():
             rows.append(f"| `{fault}` | {FAULT_DESCRIPTIONS[fault]} | not recorded |")
             continue
-        named = ", ".join(f"**{f.symptom}** ({f.step})" if f.symptom == fault else f"{f.symptom} ({f.step})"
-                          for f in diagnose(run)) or "—"
+        named = (
+            ", ".join(
+                f"**{f.symptom}** ({f.step})" if f.symptom == fault else f"{f.symptom} ({f.step})"
+                for f in diagnose(run)
+            )
+            or "—"
+        )
         rows.append(f"| `{fault}` | {FAULT_DESCRIPTIONS[fault]} | {named} |")
     return "\n".join(rows) + "\n"
 
 
-def runs_figure(runs_dir: str | Path | None = None,
-                faults: tuple[str, ...] = ("healthy", "diverging", "oscillating")) -> Any:
+def runs_figure(
+    runs_dir: str | Path | None = None,
+    faults: tuple[str, ...] = ("healthy", "diverging", "oscillating"),
+) -> Any:
     """Loss (top) and gradient norm (bottom) of up to three recorded runs, one column each (log scales where they span decades).
 
     Example:
@@ -65,10 +78,14 @@ def runs_figure(runs_dir: str | Path | None = None,
     from trainopt.diagnostics.records import load_records
 
     if not 1 <= len(faults) <= 3:
-        raise ValueError(f"faults must name 1 to 3 runs (more would not be readable), got {faults=}")
+        raise ValueError(
+            f"faults must name 1 to 3 runs (more would not be readable), got {faults=}"
+        )
     runs_dir = path("runs") if runs_dir is None else runs_dir
     with plt.rc_context(_STYLE):
-        fig, axes = plt.subplots(2, len(faults), figsize=(WIDTH_IN, 3.9), sharex=True, squeeze=False)
+        fig, axes = plt.subplots(
+            2, len(faults), figsize=(WIDTH_IN, 3.9), sharex=True, squeeze=False
+        )
         for column, fault in enumerate(faults):
             records = load_records(Path(runs_dir) / f"{fault}.jsonl")
             steps = [r["step"] for r in records]
@@ -77,7 +94,9 @@ def runs_figure(runs_dir: str | Path | None = None,
                 values = [r[key] for r in records]
                 ax.plot(steps, values, lw=0.8, color="C0" if row == 0 else "C1")
                 positive = [v for v in values if v > 0]
-                if positive and max(positive) > 10 * min(positive):  # a log scale only where it spans decades
+                if positive and max(positive) > 10 * min(
+                    positive
+                ):  # a log scale only where it spans decades
                     ax.set_yscale("log")
                 ax.grid(alpha=0.3)
                 if row == 0:
@@ -101,7 +120,9 @@ TEXT_COLUMNS = 88
 """Widest line of a text block on the page: it fits the content column without scrolling."""
 
 
-def blow_up_diagnosis(cause: str = "lr_too_high", optimizer: str = "sgd", hidden: int = 128, seed: int = 0) -> str:
+def blow_up_diagnosis(
+    cause: str = "lr_too_high", optimizer: str = "sgd", hidden: int = 128, seed: int = 0
+) -> str:
     """What :func:`diagnose` says of a fresh generated run, as a MyST ``text`` block (built with the page).
 
     Each finding prints as ``str(finding)`` does, its lines wrapped at :data:`TEXT_COLUMNS`.
@@ -115,12 +136,23 @@ def blow_up_diagnosis(cause: str = "lr_too_high", optimizer: str = "sgd", hidden
     from trainopt.diagnostics.symptoms import diagnose
 
     findings = diagnose(list(_fresh(cause, optimizer, hidden, seed)), classes=10)
-    lines = [textwrap.fill(line, TEXT_COLUMNS, subsequent_indent="    ", break_long_words=False,
-                           break_on_hyphens=False) for f in findings for line in str(f).splitlines()]
+    lines = [
+        textwrap.fill(
+            line,
+            TEXT_COLUMNS,
+            subsequent_indent="    ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        for f in findings
+        for line in str(f).splitlines()
+    ]
     return "```text\n" + "\n".join(lines) + "\n```\n"
 
 
-def blow_up_figure(cause: str = "lr_too_high", optimizer: str = "sgd", hidden: int = 128, seed: int = 0) -> Any:
+def blow_up_figure(
+    cause: str = "lr_too_high", optimizer: str = "sgd", hidden: int = 128, seed: int = 0
+) -> Any:
     """Loss and gradient norm of a fresh generated run, its first 40 steps and the whole run, with its findings.
 
     The run is drawn in colour over the healthy run of the same model and seed (grey). The red line
@@ -148,10 +180,20 @@ def blow_up_figure(cause: str = "lr_too_high", optimizer: str = "sgd", hidden: i
         for column, last in enumerate((40, len(records))):
             for row, key in enumerate(("loss", "grad_norm")):
                 ax = axes[row][column]
-                ax.plot(range(min(last, len(healthy))), [r[key] for r in healthy[:last]], lw=1.0, color="0.65",
-                        label=f"healthy, lr {SETTINGS['healthy', optimizer][0]:g}")
-                ax.plot(range(last), [r[key] for r in records[:last]], lw=1.0, color="C0" if row == 0 else "C1",
-                        label=f"this run, lr {SETTINGS[cause, optimizer][0]:g}")
+                ax.plot(
+                    range(min(last, len(healthy))),
+                    [r[key] for r in healthy[:last]],
+                    lw=1.0,
+                    color="0.65",
+                    label=f"healthy, lr {SETTINGS['healthy', optimizer][0]:g}",
+                )
+                ax.plot(
+                    range(last),
+                    [r[key] for r in records[:last]],
+                    lw=1.0,
+                    color="C0" if row == 0 else "C1",
+                    label=f"this run, lr {SETTINGS[cause, optimizer][0]:g}",
+                )
                 ax.set_yscale("log")
                 ax.grid(alpha=0.3)
                 if row == 0:
@@ -166,11 +208,26 @@ def blow_up_figure(cause: str = "lr_too_high", optimizer: str = "sgd", hidden: i
         axes[1][0].set_ylabel("gradient norm")
         axes[0][1].legend(loc="upper right", frameon=False)
         if first is not None:
-            axes[0][0].annotate(first.symptom.replace("_", " "), (first.step, 0.95), xycoords=("data", "axes fraction"),
-                                xytext=(4, 0), textcoords="offset points", color="C3", va="top")
+            axes[0][0].annotate(
+                first.symptom.replace("_", " "),
+                (first.step, 0.95),
+                xycoords=("data", "axes fraction"),
+                xytext=(4, 0),
+                textcoords="offset points",
+                color="C3",
+                va="top",
+            )
         for f in tied[:1]:
             if f.step < 40:
-                axes[0][0].annotate(f.symptom.replace("_", " "), (f.step, 0.05), xycoords=("data", "axes fraction"),
-                                    xytext=(-4, 0), textcoords="offset points", color="0.3", va="bottom", ha="right")
+                axes[0][0].annotate(
+                    f.symptom.replace("_", " "),
+                    (f.step, 0.05),
+                    xycoords=("data", "axes fraction"),
+                    xytext=(-4, 0),
+                    textcoords="offset points",
+                    color="0.3",
+                    va="bottom",
+                    ha="right",
+                )
         fig.tight_layout()
     return fig

@@ -40,8 +40,17 @@ from trainopt.models import digits_data, digits_mlp
 from trainopt.validation import check_int
 
 FAULTS = (
-    "healthy", "diverging", "slow_convergence", "plateau", "oscillating", "loss_explosion",
-    "gradient_explosion", "nan_inf", "out_of_memory", "slow_training", "comm_overhead",
+    "healthy",
+    "diverging",
+    "slow_convergence",
+    "plateau",
+    "oscillating",
+    "loss_explosion",
+    "gradient_explosion",
+    "nan_inf",
+    "out_of_memory",
+    "slow_training",
+    "comm_overhead",
 )
 
 
@@ -111,8 +120,12 @@ def _all_reduce_mean(grads: list[torch.Tensor], bucketed: bool) -> None:
 
 
 def record_run(
-    fault: str = "healthy", steps: int = 300, batch_size: int = 64, seed: int = 0,
-    device: str = "cpu", memory_budget_mb: float = 256.0,
+    fault: str = "healthy",
+    steps: int = 300,
+    batch_size: int = 64,
+    seed: int = 0,
+    device: str = "cpu",
+    memory_budget_mb: float = 256.0,
 ) -> list[dict[str, Any]]:
     """Train the digits MLP for ``steps`` steps with one injected ``fault``; return the step records.
 
@@ -134,7 +147,9 @@ def record_run(
     check_int("steps", steps, 1)
     owns_group = not dist.is_initialized()
     if owns_group:
-        backend = "nccl" if torch.device(device).type == "cuda" and dist.is_nccl_available() else "gloo"
+        backend = (
+            "nccl" if torch.device(device).type == "cuda" and dist.is_nccl_available() else "gloo"
+        )
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one core: step times comparable from run to run
@@ -146,7 +161,9 @@ def record_run(
             dist.destroy_process_group()
 
 
-def _train(fault: str, steps: int, batch_size: int, seed: int, device: str, memory_budget_mb: float) -> list[dict]:
+def _train(
+    fault: str, steps: int, batch_size: int, seed: int, device: str, memory_budget_mb: float
+) -> list[dict]:
     cuda = torch.device(device).type == "cuda"
     # On a CPU, time in process CPU seconds: the recorded files then don't depend on what else
     # the machine runs. On CUDA, wall-clock time (after a synchronize) is the right measure.
@@ -160,8 +177,11 @@ def _train(fault: str, steps: int, batch_size: int, seed: int, device: str, memo
     gen = torch.Generator().manual_seed(seed)
     kept: list[torch.Tensor] = []  # the out_of_memory fault's leak
     baseline = _process_memory() or 0
-    capacity = (torch.cuda.get_device_properties(device).total_memory if cuda
-                else baseline + int(memory_budget_mb * 2**20))
+    capacity = (
+        torch.cuda.get_device_properties(device).total_memory
+        if cuda
+        else baseline + int(memory_budget_mb * 2**20)
+    )
     records: list[dict[str, Any]] = []
     for step in range(steps):
         start = clock()
@@ -190,13 +210,25 @@ def _train(fault: str, steps: int, batch_size: int, seed: int, device: str, memo
         if cuda:
             torch.cuda.synchronize(device)
         step_time = clock() - start
-        memory = (torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)) if cuda else (
-            (_process_memory(),) * 2)
-        records.append({
-            "step": step, "loss": loss.detach(), "grad_norm": grad_norm.detach(), "lr": lr,
-            "step_time": step_time, "tokens_per_s": batch_size / step_time, "comm_time": comm_time,
-            "memory_allocated": memory[0], "memory_reserved": memory[1], "max_memory": capacity,
-        })
+        memory = (
+            (torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device))
+            if cuda
+            else ((_process_memory(),) * 2)
+        )
+        records.append(
+            {
+                "step": step,
+                "loss": loss.detach(),
+                "grad_norm": grad_norm.detach(),
+                "lr": lr,
+                "step_time": step_time,
+                "tokens_per_s": batch_size / step_time,
+                "comm_time": comm_time,
+                "memory_allocated": memory[0],
+                "memory_reserved": memory[1],
+                "max_memory": capacity,
+            }
+        )
     for record in records:  # read the losses on the host once, at the end
         record["loss"] = float(record["loss"])
         record["grad_norm"] = float(record["grad_norm"])
@@ -214,7 +246,9 @@ def write_jsonl(records: list[dict[str, Any]], path: str | Path) -> Path:
         >>> path.read_text()
         '{"loss": 2.302585, "step": 0}\\n'
     """
-    records = [{k: float(f"{v:.7g}") if isinstance(v, float) else v for k, v in r.items()} for r in records]
+    records = [
+        {k: float(f"{v:.7g}") if isinstance(v, float) else v for k, v in r.items()} for r in records
+    ]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
@@ -231,15 +265,32 @@ def main(argv: list[str] | None = None) -> None:
         ...       "--faults", "plateau"])  # doctest: +ELLIPSIS
         wrote .../plateau.jsonl
     """
-    parser = ArgumentParser(prog="python -m trainopt_site.diagnostics.runs", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=output_folder, required=True, help="folder for the <fault>.jsonl files")
-    parser.add_argument("--steps", type=positive_int, default=300, help="training steps of each run (default 300)")
-    parser.add_argument("--device", type=device, default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    parser.add_argument("--faults", nargs="*", default=list(FAULTS), choices=FAULTS, metavar="FAULT",
-                        help=f"the runs to record (default: all): {', '.join(FAULTS)}")
+    parser = ArgumentParser(
+        prog="python -m trainopt_site.diagnostics.runs", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--out", type=output_folder, required=True, help="folder for the <fault>.jsonl files"
+    )
+    parser.add_argument(
+        "--steps", type=positive_int, default=300, help="training steps of each run (default 300)"
+    )
+    parser.add_argument(
+        "--device", type=device, default="cpu", help="cpu, cuda or cuda:N (default cpu)"
+    )
+    parser.add_argument(
+        "--faults",
+        nargs="*",
+        default=list(FAULTS),
+        choices=FAULTS,
+        metavar="FAULT",
+        help=f"the runs to record (default: all): {', '.join(FAULTS)}",
+    )
     args = parser.parse_args(argv)
     for fault in args.faults:
-        path = write_jsonl(record_run(fault, steps=args.steps, device=args.device), Path(args.out) / f"{fault}.jsonl")
+        path = write_jsonl(
+            record_run(fault, steps=args.steps, device=args.device),
+            Path(args.out) / f"{fault}.jsonl",
+        )
         print(f"wrote {path}")
 
 

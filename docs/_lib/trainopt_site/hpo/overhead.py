@@ -52,8 +52,11 @@ SPACE = SearchSpace.from_dict({"x": {"type": "float", "low": 0.0, "high": 1.0}})
 def _per_trial(study: optuna.Study, url: str) -> tuple[float, float, float]:
     """Seconds per trial over the whole run, its first tenth and its last tenth (from completion
     times); then the study is deleted."""
-    done = sorted(t.datetime_complete.timestamp() for t in study.get_trials(deepcopy=False)
-                  if t.datetime_complete is not None)
+    done = sorted(
+        t.datetime_complete.timestamp()
+        for t in study.get_trials(deepcopy=False)
+        if t.datetime_complete is not None
+    )
     optuna.delete_study(study_name=study.study_name, storage=open_storage(url, heartbeat=None))
     tenth = max(2, len(done) // 10)
 
@@ -72,8 +75,11 @@ def run_plain(url: str, n_trials: int) -> tuple[float, float, float]:
         >>> all(seconds > 0 for seconds in run_plain(f"sqlite:///{tempfile.mkdtemp()}/p.db", 4))
         True
     """
-    study = optuna.create_study(study_name=f"plain-{uuid.uuid4().hex[:8]}", storage=url,
-                                sampler=optuna.samplers.RandomSampler(seed=0))
+    study = optuna.create_study(
+        study_name=f"plain-{uuid.uuid4().hex[:8]}",
+        storage=url,
+        sampler=optuna.samplers.RandomSampler(seed=0),
+    )
     study.optimize(lambda trial: trial.suggest_float("x", 0.0, 1.0), n_trials=n_trials)
     return _per_trial(study, url)
 
@@ -87,8 +93,14 @@ def run_trainopt(url: str, n_trials: int) -> tuple[float, float, float]:
         >>> all(seconds > 0 for seconds in run_trainopt(f"sqlite:///{tempfile.mkdtemp()}/t.db", 4))
         True
     """
-    study = create_study(f"trainopt-{uuid.uuid4().hex[:8]}", n_trials, open_storage(url, heartbeat=60),
-                         sampler="random", pruner=None, seed=0)
+    study = create_study(
+        f"trainopt-{uuid.uuid4().hex[:8]}",
+        n_trials,
+        open_storage(url, heartbeat=60),
+        sampler="random",
+        pruner=None,
+        seed=0,
+    )
     run_worker(study, SPACE, lambda trial, params: params["x"])
     return _per_trial(study, url)
 
@@ -124,14 +136,25 @@ def _meta(command: str, note: str | None, settings: dict[str, Any]) -> dict[str,
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **git_state(),
-        "command": command, "note": note, "device": "cpu", "cpu_count": os.cpu_count(),
-        "platform": platform.platform(), "python": platform.python_version(),
-        "optuna": version("optuna"), "sqlalchemy": version("sqlalchemy"), "settings": settings,
+        "command": command,
+        "note": note,
+        "device": "cpu",
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "optuna": version("optuna"),
+        "sqlalchemy": version("sqlalchemy"),
+        "settings": settings,
     }
 
 
-def run(sizes: Sequence[int], storages: dict[str, str], repeats: int = 3, command: str = "",
-        note: str | None = None) -> dict[str, Any]:
+def run(
+    sizes: Sequence[int],
+    storages: dict[str, str],
+    repeats: int = 3,
+    command: str = "",
+    note: str | None = None,
+) -> dict[str, Any]:
     """The results document: a row per storage and number of trials.
 
     Example:
@@ -143,9 +166,22 @@ def run(sizes: Sequence[int], storages: dict[str, str], repeats: int = 3, comman
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.perf_counter()
-    rows = [{"storage": kind, **measure(url, n, repeats)} for kind, url in storages.items() for n in sizes]
-    meta = _meta(command, note, {"sizes": list(sizes), "repeats": repeats, "storages": sorted(storages),
-                                 "sampler": "random", "heartbeat_s": 60})
+    rows = [
+        {"storage": kind, **measure(url, n, repeats)}
+        for kind, url in storages.items()
+        for n in sizes
+    ]
+    meta = _meta(
+        command,
+        note,
+        {
+            "sizes": list(sizes),
+            "repeats": repeats,
+            "storages": sorted(storages),
+            "sampler": "random",
+            "heartbeat_s": 60,
+        },
+    )
     meta["elapsed_s"] = time.perf_counter() - start
     return {"schema": SCHEMA, "kind": KIND, "meta": meta, "rows": rows}
 
@@ -175,16 +211,23 @@ def render_overhead(source: str | os.PathLike | dict[str, Any]) -> str:
         results = json.loads(path.read_text())
     if results.get("schema") != SCHEMA or results.get("kind") != KIND:
         raise ValueError(f"not a results file of kind {KIND!r}, schema {SCHEMA}")
-    lines = ["| storage | trials | plain Optuna (ms/trial) | trainopt (ms/trial) | ratio | flat (last/first tenth) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| storage | trials | plain Optuna (ms/trial) | trainopt (ms/trial) | ratio | flat (last/first tenth) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in results["rows"]:
-        lines.append(f"| {r['storage']} | {r['n_trials']:,} | {r['plain_s'] * 1e3:.1f} | {r['trainopt_s'] * 1e3:.1f} "
-                     f"| {r['ratio']:.2f}× | {r['plain_flat']:.2f} / {r['trainopt_flat']:.2f} |")
+        lines.append(
+            f"| {r['storage']} | {r['n_trials']:,} | {r['plain_s'] * 1e3:.1f} | {r['trainopt_s'] * 1e3:.1f} "
+            f"| {r['ratio']:.2f}× | {r['plain_flat']:.2f} / {r['trainopt_flat']:.2f} |"
+        )
     meta = results["meta"]
     dirty = " with uncommitted changes" if meta.get("git_dirty") else ""
     note = f"; {meta['note']}" if meta.get("note") else ""
-    lines += ["", f"*{meta['cpu_count']} CPU cores, Optuna {meta['optuna']}, {meta['date'][:10]}, "
-                  f"commit `{(meta.get('git_commit') or 'unknown')[:10]}`{dirty}{note}.*"]
+    lines += [
+        "",
+        f"*{meta['cpu_count']} CPU cores, Optuna {meta['optuna']}, {meta['date'][:10]}, "
+        f"commit `{(meta.get('git_commit') or 'unknown')[:10]}`{dirty}{note}.*",
+    ]
     return "\n".join(lines)
 
 
@@ -194,8 +237,10 @@ def _postgres_url(text: str) -> str | None:
     if text == "":
         return None
     if not re.match(r"^postgresql(\+\w+)?://", text):
-        raise argparse.ArgumentTypeError(f"must be a postgresql:// or postgresql+<driver>:// URL, or empty "
-                                         f"for SQLite only, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"must be a postgresql:// or postgresql+<driver>:// URL, or empty "
+            f"for SQLite only, got {text!r}"
+        )
     return text
 
 
@@ -210,15 +255,31 @@ def build_parser() -> argparse.ArgumentParser:
     """
     from trainopt.config.cli import ArgumentParser, output_file, output_folder, positive_int
 
-    parser = ArgumentParser(prog="python -m trainopt_site.hpo.overhead", description=__doc__.split("\n")[0])
-    parser.add_argument("--trials", type=positive_int, nargs="+", default=[200, 1000],
-                        help="study sizes in trials (default 200 1000)")
-    parser.add_argument("--repeats", type=positive_int, default=3, help="runs of each side per size (median)")
-    parser.add_argument("--dir", type=output_folder, help="folder of the SQLite files (default: a new temporary one)")
-    parser.add_argument("--postgres", type=_postgres_url,
-                        help="a PostgreSQL URL to measure too (default: $TRAINOPT_POSTGRES_URL; "
-                             "empty: SQLite only)",
-                        default=os.environ.get("TRAINOPT_POSTGRES_URL") or None)
+    parser = ArgumentParser(
+        prog="python -m trainopt_site.hpo.overhead", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--trials",
+        type=positive_int,
+        nargs="+",
+        default=[200, 1000],
+        help="study sizes in trials (default 200 1000)",
+    )
+    parser.add_argument(
+        "--repeats", type=positive_int, default=3, help="runs of each side per size (median)"
+    )
+    parser.add_argument(
+        "--dir",
+        type=output_folder,
+        help="folder of the SQLite files (default: a new temporary one)",
+    )
+    parser.add_argument(
+        "--postgres",
+        type=_postgres_url,
+        help="a PostgreSQL URL to measure too (default: $TRAINOPT_POSTGRES_URL; "
+        "empty: SQLite only)",
+        default=os.environ.get("TRAINOPT_POSTGRES_URL") or None,
+    )
     parser.add_argument("--note", help="recorded with the results")
     parser.add_argument("--out", type=output_file, required=True, help="results JSON file to write")
     return parser
@@ -244,8 +305,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     storages = {"sqlite": f"sqlite:///{folder / 'overhead.db'}"}
     if args.postgres:
         storages["postgresql"] = args.postgres
-    results = run(args.trials, storages, args.repeats, shlex.join(["python", "-m", "trainopt_site.hpo.overhead", *argv]),
-                  args.note)
+    results = run(
+        args.trials,
+        storages,
+        args.repeats,
+        shlex.join(["python", "-m", "trainopt_site.hpo.overhead", *argv]),
+        args.note,
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(args.out.suffix + ".tmp")
     tmp.write_text(json.dumps(results, indent=1, allow_nan=False) + "\n")

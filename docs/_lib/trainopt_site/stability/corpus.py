@@ -34,7 +34,7 @@ import math
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,21 +93,39 @@ RISING = [
 ]
 
 EARLY = [
-    *[Run("digits", b, opt, lr, at + 50, fault=kind, fault_at=at)
-      for kind in ("inputs_x100", "shuffled_labels") for at in (10, 20, 30, 60) for b in (16, 64)
-      for opt, lr in (("adamw", 3e-3), ("sgd", 0.1))],
-    *[Run("digits", 32, opt, lr, 500, fault="lr_x30", fault_at=at)
-      for opt, lr in (("adamw", 3e-3), ("sgd", 0.1)) for at in (100, 150, 200, 210)],
+    *[
+        Run("digits", b, opt, lr, at + 50, fault=kind, fault_at=at)
+        for kind in ("inputs_x100", "shuffled_labels")
+        for at in (10, 20, 30, 60)
+        for b in (16, 64)
+        for opt, lr in (("adamw", 3e-3), ("sgd", 0.1))
+    ],
+    *[
+        Run("digits", 32, opt, lr, 500, fault="lr_x30", fault_at=at)
+        for opt, lr in (("adamw", 3e-3), ("sgd", 0.1))
+        for at in (100, 150, 200, 210)
+    ],
 ]
 
 FAULTY = [
-    *[Run("digits", b, opt, lr, at + 50, fault=kind, fault_at=at)
-      for kind in ("labels", "raw_inputs") for at in (60, 250) for b in (16, 64)
-      for opt, lr in (("adamw", 3e-3), ("sgd", 0.1))],
-    *[Run("digits", b, "adamw", 3e-3, 300, fault=kind, fault_at=250)
-      for kind in ("nan_loss", "nan_gradient") for b in (16, 64)],
-    *[Run("digits", 32, opt, lr, 500, fault=f"lr_x{k}", fault_at=at)
-      for opt, lr in (("adamw", 3e-3), ("sgd", 0.1)) for k in (10, 30, 100) for at in (250, 280)],
+    *[
+        Run("digits", b, opt, lr, at + 50, fault=kind, fault_at=at)
+        for kind in ("labels", "raw_inputs")
+        for at in (60, 250)
+        for b in (16, 64)
+        for opt, lr in (("adamw", 3e-3), ("sgd", 0.1))
+    ],
+    *[
+        Run("digits", b, "adamw", 3e-3, 300, fault=kind, fault_at=250)
+        for kind in ("nan_loss", "nan_gradient")
+        for b in (16, 64)
+    ],
+    *[
+        Run("digits", 32, opt, lr, 500, fault=f"lr_x{k}", fault_at=at)
+        for opt, lr in (("adamw", 3e-3), ("sgd", 0.1))
+        for k in (10, 30, 100)
+        for at in (250, 280)
+    ],
     Run("language", 16, "adamw", 3e-3, 300, schedule=True, fault="labels", fault_at=250),
 ]
 
@@ -125,10 +143,18 @@ def _build(run: Run, seed: int) -> tuple[Any, torch.optim.Optimizer, Any]:
         start = base.model
     task = build_task(run.task, run.batch_size, seed, start=start)
     params = task.model.parameters()
-    optimizer = (torch.optim.AdamW(params, lr=run.lr, weight_decay=0.01, fused=True) if run.optimizer == "adamw"
-                 else torch.optim.SGD(params, lr=run.lr, momentum=0.9))
-    scheduler = (cosine_annealing_schedule(optimizer, total_steps=run.steps, warmup_steps=run.steps // 10,
-                                           min_lr=run.lr / 10) if run.schedule else None)
+    optimizer = (
+        torch.optim.AdamW(params, lr=run.lr, weight_decay=0.01, fused=True)
+        if run.optimizer == "adamw"
+        else torch.optim.SGD(params, lr=run.lr, momentum=0.9)
+    )
+    scheduler = (
+        cosine_annealing_schedule(
+            optimizer, total_steps=run.steps, warmup_steps=run.steps // 10, min_lr=run.lr / 10
+        )
+        if run.schedule
+        else None
+    )
     return task, optimizer, scheduler
 
 
@@ -138,8 +164,12 @@ def _batch(task: Any, run: Run, call: int) -> tuple[torch.Tensor, torch.Tensor, 
     if call != run.fault_at or run.fault is None:
         return x, y, 1.0
     if run.fault == "labels":
-        shift = torch.randint(1, int(y.max()) + 1 if run.task == "language" else 10, y.shape,
-                              generator=torch.Generator().manual_seed(call))
+        shift = torch.randint(
+            1,
+            int(y.max()) + 1 if run.task == "language" else 10,
+            y.shape,
+            generator=torch.Generator().manual_seed(call),
+        )
         return x, (y + shift) % (int(y.max()) + 1 if run.task == "language" else 10), 1.0
     if run.fault == "raw_inputs":
         mean, std = task.inputs_scale
@@ -172,8 +202,11 @@ def run_stabilized(run: Run, seed: int = 0, folder: str | Path | None = None) ->
                 for group in optimizer.param_groups:
                     group["lr"] *= float(run.fault[4:])
             before = stabilizer.skip_events + int(stabilizer.skipped)
-            hook = (model.parameters().__next__().register_hook(lambda g: g * math.nan)
-                    if run.fault == "nan_gradient" and call == run.fault_at else None)
+            hook = (
+                model.parameters().__next__().register_hook(lambda g: g * math.nan)
+                if run.fault == "nan_gradient" and call == run.fault_at
+                else None
+            )
             stabilizer.step(lambda: task.loss(model, x, y) * factor)  # noqa: B023 - called at once
             if hook is not None:
                 hook.remove()
@@ -183,10 +216,17 @@ def run_stabilized(run: Run, seed: int = 0, folder: str | Path | None = None) ->
     except TrainingInstabilityError as exc:
         error = str(exc)
     rollbacks = len(stabilizer.recovery.history)
-    return {"run": run.name, "steps": stabilizer.steps, "calls": call,
-            "skipped": stabilizer.skip_events + int(stabilizer.skipped), "rollbacks": rollbacks,
-            "rollback_steps": [h["restored_step"] for h in stabilizer.recovery.history], "error": error,
-            "fault_skipped": fault_skipped, "result": task.evaluate(model)}
+    return {
+        "run": run.name,
+        "steps": stabilizer.steps,
+        "calls": call,
+        "skipped": stabilizer.skip_events + int(stabilizer.skipped),
+        "rollbacks": rollbacks,
+        "rollback_steps": [h["restored_step"] for h in stabilizer.recovery.history],
+        "error": error,
+        "fault_skipped": fault_skipped,
+        "result": task.evaluate(model),
+    }
 
 
 def run_plain(run: Run, seed: int = 0) -> float:
@@ -210,8 +250,11 @@ def run_plain(run: Run, seed: int = 0) -> float:
     return task.evaluate(task.model)
 
 
-def measure(healthy: Sequence[Run] = (*HEALTHY, *RISING), faulty: Sequence[Run] = (*FAULTY, *EARLY),
-            seeds: Sequence[int] = (0, 1, 2)) -> dict[str, Any]:
+def measure(
+    healthy: Sequence[Run] = (*HEALTHY, *RISING),
+    faulty: Sequence[Run] = (*FAULTY, *EARLY),
+    seeds: Sequence[int] = (0, 1, 2),
+) -> dict[str, Any]:
     """Both corpora through the stabilizer on each of ``seeds``; plain torch on the same seeds.
 
     A healthy run's result is within noise when it lies within the plain runs' range over the
@@ -230,15 +273,25 @@ def measure(healthy: Sequence[Run] = (*HEALTHY, *RISING), faulty: Sequence[Run] 
         spread = max(plain) - min(plain)
         for seed in seeds:
             result = run_stabilized(run, seed=seed)
-            result.update(kind="healthy", seed=seed, plain=plain,
-                          within_noise=min(plain) - spread <= result["result"] <= max(plain) + spread,
-                          false_positive=bool(result["skipped"] or result["rollbacks"] or result["error"]))
+            result.update(
+                kind="healthy",
+                seed=seed,
+                plain=plain,
+                within_noise=min(plain) - spread <= result["result"] <= max(plain) + spread,
+                false_positive=bool(result["skipped"] or result["rollbacks"] or result["error"]),
+            )
             rows.append(result)
     for run in faulty:
         for seed in seeds:
             result = run_stabilized(run, seed=seed)
-            caught = bool(result["rollbacks"]) if run.fault.startswith("lr_x") else bool(result["fault_skipped"])
-            result.update(kind="faulty", seed=seed, fault=run.fault, fault_at=run.fault_at, caught=caught)
+            caught = (
+                bool(result["rollbacks"])
+                if run.fault.startswith("lr_x")
+                else bool(result["fault_skipped"])
+            )
+            result.update(
+                kind="faulty", seed=seed, fault=run.fault, fault_at=run.fault_at, caught=caught
+            )
             rows.append(result)
     healthy_rows = [r for r in rows if r["kind"] == "healthy"]
     faulty_rows = [r for r in rows if r["kind"] == "faulty"]
@@ -263,22 +316,30 @@ def _provenance() -> dict[str, Any]:
 
     from trainopt.config.provenance import git_state
 
-    return {"torch": torch.__version__, "machine": f"{platform.machine()} CPU, 1 thread",
-            "date": datetime.date.today().isoformat(), **git_state()}
+    return {
+        "torch": torch.__version__,
+        "machine": f"{platform.machine()} CPU, 1 thread",
+        "date": datetime.date.today().isoformat(),
+        **git_state(),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure both corpora and write the results as JSON (the stability page renders them)."""
-    parser = ArgumentParser(prog="python -m trainopt_site.stability.corpus", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(
+        prog="python -m trainopt_site.stability.corpus", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--out", type=output_file, required=True, help="the JSON file to write")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     results = {**measure(), "made": _provenance()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"healthy: {results['healthy_flagged_runs']} of {results['healthy_runs']} runs flagged, "
-          f"{results['healthy_skipped_steps']} of {results['healthy_steps']} steps skipped; "
-          f"faulty: {results['misses']} of {results['faulty_runs']} missed; wrote {args.out}")
+    print(
+        f"healthy: {results['healthy_flagged_runs']} of {results['healthy_runs']} runs flagged, "
+        f"{results['healthy_skipped_steps']} of {results['healthy_steps']} steps skipped; "
+        f"faulty: {results['misses']} of {results['faulty_runs']} missed; wrote {args.out}"
+    )
     return 0
 
 

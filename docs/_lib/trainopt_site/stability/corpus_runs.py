@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -41,12 +42,50 @@ from trainopt.models import GPT, digits_data, digits_mlp, gpt_config
 
 __all__ = ["TASKS", "Task", "build_task", "generated_text", "stdlib_text"]
 
-_SUBJECTS = ["the model", "a small network", "the optimizer", "every layer", "the learning rate", "our run",
-             "the gradient", "a warm restart", "the schedule", "this batch"]
-_VERBS = ["lowers", "keeps", "follows", "skips", "measures", "tracks", "doubles", "halves", "reads", "saves"]
-_OBJECTS = ["the loss", "a checkpoint", "the weights", "its momentum", "the norm", "each step", "the window",
-            "a spike", "the median", "the data"]
-_ENDINGS = [".", " again.", " on the device.", " every hundred steps.", " without a sync.", " at the boundary."]
+_SUBJECTS = [
+    "the model",
+    "a small network",
+    "the optimizer",
+    "every layer",
+    "the learning rate",
+    "our run",
+    "the gradient",
+    "a warm restart",
+    "the schedule",
+    "this batch",
+]
+_VERBS = [
+    "lowers",
+    "keeps",
+    "follows",
+    "skips",
+    "measures",
+    "tracks",
+    "doubles",
+    "halves",
+    "reads",
+    "saves",
+]
+_OBJECTS = [
+    "the loss",
+    "a checkpoint",
+    "the weights",
+    "its momentum",
+    "the norm",
+    "each step",
+    "the window",
+    "a spike",
+    "the median",
+    "the data",
+]
+_ENDINGS = [
+    ".",
+    " again.",
+    " on the device.",
+    " every hundred steps.",
+    " without a sync.",
+    " at the boundary.",
+]
 
 
 def generated_text(sentences: int = 4000, seed: int = 0) -> str:
@@ -59,8 +98,10 @@ def generated_text(sentences: int = 4000, seed: int = 0) -> str:
         (3, True)
     """
     rng = random.Random(seed)
-    return " ".join(f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)}{rng.choice(_ENDINGS)}"
-                    for _ in range(sentences))
+    return " ".join(
+        f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)}{rng.choice(_ENDINGS)}"
+        for _ in range(sentences)
+    )
 
 
 def stdlib_text(chars: int = 200_000) -> str:
@@ -101,14 +142,18 @@ class Task:
     loss: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
     evaluate: Callable[[torch.nn.Module], float]  # higher is better (accuracy, or minus the loss)
     steps_per_epoch: int
-    inputs_scale: Any = None  # (mean, std) that undoes the standardisation: a batch "on another scale"
+    inputs_scale: Any = (
+        None  # (mean, std) that undoes the standardisation: a batch "on another scale"
+    )
 
 
 def _cross_entropy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(model(x), y)
 
 
-def _digits(batch_size: int, seed: int, classes: int = 10, start: torch.nn.Module | None = None) -> Task:
+def _digits(
+    batch_size: int, seed: int, classes: int = 10, start: torch.nn.Module | None = None
+) -> Task:
     x, y, x_val, y_val = digits_data(seed=0)
     keep, keep_val = y < classes, y_val < classes
     x, y, x_val, y_val = x[keep], y[keep], x_val[keep_val], y_val[keep_val]
@@ -121,7 +166,7 @@ def _digits(batch_size: int, seed: int, classes: int = 10, start: torch.nn.Modul
         epoch, position = divmod(step, per_epoch)
         while len(order) <= epoch:
             order.append(torch.randperm(len(x), generator=generator))
-        index = order[epoch][position * batch_size:(position + 1) * batch_size]
+        index = order[epoch][position * batch_size : (position + 1) * batch_size]
         return x[index], y[index]
 
     @torch.no_grad()
@@ -144,7 +189,9 @@ def _language(batch_size: int, seed: int, block: int = 32) -> Task:
     cut = int(0.9 * len(data))
     train, val = data[:cut], data[cut:]
     torch.manual_seed(seed)
-    model = GPT(gpt_config("tiny", vocab_size=len(chars), block_size=block, n_embd=48, n_head=4, n_layer=2))
+    model = GPT(
+        gpt_config("tiny", vocab_size=len(chars), block_size=block, n_embd=48, n_head=4, n_layer=2)
+    )
     generator = torch.Generator().manual_seed(seed)
 
     def windows(source: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,7 +200,9 @@ def _language(batch_size: int, seed: int, block: int = 32) -> Task:
         return chunk[:, :-1], chunk[:, 1:]
 
     def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return windows(train, torch.randint(0, len(train) - block - 1, (batch_size,), generator=generator))
+        return windows(
+            train, torch.randint(0, len(train) - block - 1, (batch_size,), generator=generator)
+        )
 
     val_x, val_y = windows(val, torch.arange(0, len(val) - block - 1, block))
 
@@ -167,8 +216,15 @@ def _language(batch_size: int, seed: int, block: int = 32) -> Task:
     return Task(model, batch, loss, evaluate, len(train) // (batch_size * block))
 
 
-def _char_lm(batch_size: int, seed: int, text: str, mixed: str = "", switch: int = 0,
-             lengths: tuple[tuple[int, int], ...] = ((0, 32),), block: int = 32) -> Task:
+def _char_lm(
+    batch_size: int,
+    seed: int,
+    text: str,
+    mixed: str = "",
+    switch: int = 0,
+    lengths: tuple[tuple[int, int], ...] = ((0, 32),),
+    block: int = 32,
+) -> Task:
     """The GPT on ``text``; from step ``switch`` a quarter of each batch from ``mixed``.
 
     ``lengths`` is the curriculum: ``(from_step, length)`` pairs, the sequence length of the
@@ -177,20 +233,29 @@ def _char_lm(batch_size: int, seed: int, text: str, mixed: str = "", switch: int
     chars = sorted(set(text) | set(mixed))
     encode = {c: i for i, c in enumerate(chars)}
     sources = [torch.tensor([encode[c] for c in t]) for t in (text, mixed) if t]
-    splits = [(d[: int(0.9 * len(d))], d[int(0.9 * len(d)):]) for d in sources]
+    splits = [(d[: int(0.9 * len(d))], d[int(0.9 * len(d)) :]) for d in sources]
     torch.manual_seed(seed)
-    model = GPT(gpt_config("tiny", vocab_size=len(chars), block_size=block, n_embd=48, n_head=4, n_layer=2))
+    model = GPT(
+        gpt_config("tiny", vocab_size=len(chars), block_size=block, n_embd=48, n_head=4, n_layer=2)
+    )
     generator = torch.Generator().manual_seed(seed)
 
-    def windows(source: torch.Tensor, starts: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def windows(
+        source: torch.Tensor, starts: torch.Tensor, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         chunk = source[starts[:, None] + torch.arange(length + 1)]
         return chunk[:, :-1], chunk[:, 1:]
 
     def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
         length = [n for at, n in lengths if step >= at][-1]
         other = batch_size // 4 if len(splits) > 1 and step >= switch else 0
-        parts = [windows(train, torch.randint(0, len(train) - length - 1, (n,), generator=generator), length)
-                 for (train, _), n in zip(splits, (batch_size - other, other)) if n]
+        parts = [
+            windows(
+                train, torch.randint(0, len(train) - length - 1, (n,), generator=generator), length
+            )
+            for (train, _), n in zip(splits, (batch_size - other, other))
+            if n
+        ]
         return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
 
     val = [windows(v, torch.arange(0, len(v) - block - 1, block)[:200], block) for _, v in splits]
@@ -210,10 +275,12 @@ class DigitsVAE(torch.nn.Module):
 
     def __init__(self, latent: int = 8, hidden: int = 128) -> None:
         super().__init__()
-        self.encoder = torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(),
-                                           torch.nn.Linear(hidden, 2 * latent))
-        self.decoder = torch.nn.Sequential(torch.nn.Linear(latent, hidden), torch.nn.ReLU(),
-                                           torch.nn.Linear(hidden, 64))
+        self.encoder = torch.nn.Sequential(
+            torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 2 * latent)
+        )
+        self.decoder = torch.nn.Sequential(
+            torch.nn.Linear(latent, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 64)
+        )
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean, log_var = self.encoder(x).chunk(2, dim=-1)
@@ -224,7 +291,9 @@ class DigitsVAE(torch.nn.Module):
         return reconstruction, kl
 
 
-def _vae(batch_size: int, seed: int, start: int = 100, warmup: int = 400, beta: float = 1.0) -> Task:
+def _vae(
+    batch_size: int, seed: int, start: int = 100, warmup: int = 400, beta: float = 1.0
+) -> Task:
     """The digits VAE; its targets are the KL weight of the step, 0 warming up to 1 over ``warmup``."""
     digits = _digits(batch_size, seed)
     mean, std = digits.inputs_scale
@@ -233,7 +302,9 @@ def _vae(batch_size: int, seed: int, start: int = 100, warmup: int = 400, beta: 
     model = DigitsVAE()
 
     def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return (digits.batch(step)[0] * std + mean).clamp(0, 16) / 16, torch.tensor(beta * min(1.0, max(0.0, (step - start) / warmup)))
+        return (digits.batch(step)[0] * std + mean).clamp(0, 16) / 16, torch.tensor(
+            beta * min(1.0, max(0.0, (step - start) / warmup))
+        )
 
     def loss(m: torch.nn.Module, x: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
         reconstruction, kl = m(x)
@@ -295,10 +366,22 @@ def _policy(batch_size: int, seed: int) -> Task:
     return Task(digits.model, digits.batch, loss, digits.evaluate, digits.steps_per_epoch)
 
 
-TASKS = ("digits", "digits0-4", "language", "vae", "curriculum", "mixture", "plateau", "policy", "stdlib")
+TASKS = (
+    "digits",
+    "digits0-4",
+    "language",
+    "vae",
+    "curriculum",
+    "mixture",
+    "plateau",
+    "policy",
+    "stdlib",
+)
 
 
-def build_task(name: str, batch_size: int, seed: int = 0, start: torch.nn.Module | None = None) -> Task:
+def build_task(
+    name: str, batch_size: int, seed: int = 0, start: torch.nn.Module | None = None
+) -> Task:
     """The task ``name`` (one of :data:`TASKS`) at ``batch_size``.
 
     ``start`` replaces the freshly initialised model (a fine-tune starts from a trained one).
@@ -319,7 +402,12 @@ def build_task(name: str, batch_size: int, seed: int = 0, start: torch.nn.Module
     if name == "vae":
         return _vae(batch_size, seed)
     if name == "curriculum":
-        return _char_lm(batch_size, seed, generated_text(seed=0), lengths=((0, 8), (150, 16), (300, 24), (450, 32)))
+        return _char_lm(
+            batch_size,
+            seed,
+            generated_text(seed=0),
+            lengths=((0, 8), (150, 16), (300, 24), (450, 32)),
+        )
     if name == "mixture":
         return _char_lm(batch_size, seed, generated_text(seed=0), stdlib_text(100_000), switch=250)
     if name == "plateau":

@@ -58,12 +58,14 @@ EXPECTED = {
 }
 
 
-def _batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _batches(
+    x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(seed)
     while True:
         order = torch.randperm(len(x), generator=generator)
         for i in range(0, len(x) - batch_size + 1, batch_size):
-            idx = order[i:i + batch_size]
+            idx = order[i : i + batch_size]
             yield x[idx], y[idx]
 
 
@@ -74,7 +76,12 @@ def _all_finite(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> boo
 
 
 def _train(
-    faults: Mapping[str, int], steps: int, check_every: int, lr: float, batch_size: int, seed: int,
+    faults: Mapping[str, int],
+    steps: int,
+    check_every: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
     save_dir: str,
 ) -> dict[str, Any]:
     from trainopt.stability.checkpoint import CheckpointManager
@@ -82,13 +89,16 @@ def _train(
     x_train, y_train, x_val, y_val = digits_data(seed=seed)
     model = digits_mlp(seed=seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, fused=True)
-    scheduler = cosine_annealing_schedule(optimizer, total_steps=steps, warmup_steps=steps // 10,
-                                          min_lr=lr / 10)
+    scheduler = cosine_annealing_schedule(
+        optimizer, total_steps=steps, warmup_steps=steps // 10, min_lr=lr / 10
+    )
     manager = CheckpointManager(save_dir, save_every=check_every, keep_last=3)
-    recovery = TrainingRecovery(model, optimizer, manager, scheduler=scheduler, lr_factor=0.5,
-                                max_rollbacks=3)
-    stabilizer = TrainingStabilizer(model, optimizer, scheduler, max_grad_norm=1.0,
-                                    check_every=check_every, recovery=recovery)
+    recovery = TrainingRecovery(
+        model, optimizer, manager, scheduler=scheduler, lr_factor=0.5, max_rollbacks=3
+    )
+    stabilizer = TrainingStabilizer(
+        model, optimizer, scheduler, max_grad_norm=1.0, check_every=check_every, recovery=recovery
+    )
     by_call = {call: name for name, call in faults.items()}
     observed: dict[str, dict[str, Any]] = {}
     batches = _batches(x_train, y_train, batch_size, seed)
@@ -118,20 +128,27 @@ def _train(
                 for p in model.parameters():
                     p.add_(torch.randn_like(p) * 0.5)
         if fault is not None:
-            observed[fault] = {"step": stabilizer.steps - 1, "call": call,
-                               "skipped": int(stabilizer.skipped) + stabilizer.skip_events > skipped_before,
-                               "finite_after": _all_finite(model, optimizer),
-                               "recoveries_before": recoveries_before}
+            observed[fault] = {
+                "step": stabilizer.steps - 1,
+                "call": call,
+                "skipped": int(stabilizer.skipped) + stabilizer.skip_events > skipped_before,
+                "finite_after": _all_finite(model, optimizer),
+                "recoveries_before": recoveries_before,
+            }
         call += 1
     with torch.no_grad():
         logits = model(x_val)
         val_loss = F.cross_entropy(logits, y_val).item()
         val_acc = (logits.argmax(-1) == y_val).float().mean().item()
     return {
-        "val_loss": val_loss, "val_accuracy": val_acc, "calls": call,
+        "val_loss": val_loss,
+        "val_accuracy": val_acc,
+        "calls": call,
         "skipped_steps": stabilizer.skip_events + int(stabilizer.skipped),
-        "recoveries": list(recovery.history), "observed": observed,
-        "finite": _all_finite(model, optimizer), "lr_scale": recovery.lr_scale,
+        "recoveries": list(recovery.history),
+        "observed": observed,
+        "finite": _all_finite(model, optimizer),
+        "lr_scale": recovery.lr_scale,
         "loss_curve": [x if math.isfinite(x) else None for x in torch.stack(curve).tolist()],
     }
 
@@ -180,19 +197,41 @@ def run_fault_injection(
     for name, call in sorted(faults.items(), key=lambda item: item[1]):
         seen = faulty["observed"].get(name, {})
         if name == "diverged_weights":
-            after = faulty["recoveries"][seen.get("recoveries_before", 0):]
-            observed = (f"rolled back to step {after[0]['restored_step']}, learning rate × {after[0]['lr_scale']:g}"
-                        if after else "not rolled back")
+            after = faulty["recoveries"][seen.get("recoveries_before", 0) :]
+            observed = (
+                f"rolled back to step {after[0]['restored_step']}, learning rate × {after[0]['lr_scale']:g}"
+                if after
+                else "not rolled back"
+            )
             survived = bool(after)
         else:
             observed = "step skipped" if seen.get("skipped") else "step applied"
             survived = bool(seen.get("skipped")) and bool(seen.get("finite_after"))
-        rows.append({"fault": name, "step": seen.get("step", call), "expected": EXPECTED[name],
-                     "observed": observed, "survived": survived and faulty["finite"]})
+        rows.append(
+            {
+                "fault": name,
+                "step": seen.get("step", call),
+                "expected": EXPECTED[name],
+                "observed": observed,
+                "survived": survived and faulty["finite"],
+            }
+        )
     gap = faulty["val_loss"] / clean["val_loss"] - 1.0
-    return {"clean": clean, "faulty": faulty, "rows": rows, "final_loss_gap": gap,
-            "config": {"steps": steps, "check_every": check_every, "lr": lr, "batch_size": batch_size,
-                       "seed": seed, "model": "digits_mlp(hidden=128, depth=2)", "optimizer": "AdamW(fused=True)"}}
+    return {
+        "clean": clean,
+        "faulty": faulty,
+        "rows": rows,
+        "final_loss_gap": gap,
+        "config": {
+            "steps": steps,
+            "check_every": check_every,
+            "lr": lr,
+            "batch_size": batch_size,
+            "seed": seed,
+            "model": "digits_mlp(hidden=128, depth=2)",
+            "optimizer": "AdamW(fused=True)",
+        },
+    }
 
 
 def fault_injection_table(path: str | Path) -> str:
@@ -217,13 +256,20 @@ def fault_injection_table(path: str | Path) -> str:
         | `nan_gradients` | 40 | step skipped | step skipped | yes |
     """
     if not Path(path).exists():
-        return ("*Not recorded yet.* Run `python -m trainopt_site.stability.faults --out "
-                "docs/_data/stability_fault_injection.json` to write the table.\n")
+        return (
+            "*Not recorded yet.* Run `python -m trainopt_site.stability.faults --out "
+            "docs/_data/stability_fault_injection.json` to write the table.\n"
+        )
     result = json.loads(Path(path).read_text())
-    lines = ["| fault | step | expected | observed | survived |", "| --- | ---: | --- | --- | :---: |"]
+    lines = [
+        "| fault | step | expected | observed | survived |",
+        "| --- | ---: | --- | --- | :---: |",
+    ]
     for row in result["rows"]:
-        lines.append(f"| `{row['fault']}` | {row['step']} | {row['expected']} | {row['observed']} | "
-                     f"{'yes' if row['survived'] else '**no**'} |")
+        lines.append(
+            f"| `{row['fault']}` | {row['step']} | {row['expected']} | {row['observed']} | "
+            f"{'yes' if row['survived'] else '**no**'} |"
+        )
     clean, faulty = result["clean"], result["faulty"]
     lines += [
         "",
@@ -247,10 +293,14 @@ def build_parser() -> ArgumentParser:
         >>> build_parser().parse_args(["--out", "faults.json"]).steps
         200
     """
-    parser = ArgumentParser(prog="python -m trainopt_site.stability.faults",
-                                     description="Train the digits MLP clean and with injected faults; write JSON.")
+    parser = ArgumentParser(
+        prog="python -m trainopt_site.stability.faults",
+        description="Train the digits MLP clean and with injected faults; write JSON.",
+    )
     parser.add_argument("--out", type=output_file, required=True, help="JSON file to write")
-    parser.add_argument("--steps", type=positive_int, default=200, help="training steps of each run (default 200)")
+    parser.add_argument(
+        "--steps", type=positive_int, default=200, help="training steps of each run (default 200)"
+    )
     return parser
 
 
@@ -277,10 +327,15 @@ def fault_injection_figure(path: str | Path) -> Any:
         ax.text(0.5, 0.5, "not recorded yet", ha="center", va="center", transform=ax.transAxes)
         return fig
     result = json.loads(Path(path).read_text())
-    for name, style in (("clean", dict(color="0.55", lw=1.0)), ("faulty", dict(color="C0", lw=1.0))):
+    for name, style in (
+        ("clean", dict(color="0.55", lw=1.0)),
+        ("faulty", dict(color="C0", lw=1.0)),
+    ):
         curve = [math.nan if v is None else v for v in result[name]["loss_curve"]]
         ax.plot(range(len(curve)), curve, label=f"{name} run", **style)
-    for i, (fault, seen) in enumerate(sorted(result["faulty"]["observed"].items(), key=lambda kv: kv[1]["call"])):
+    for i, (fault, seen) in enumerate(
+        sorted(result["faulty"]["observed"].items(), key=lambda kv: kv[1]["call"])
+    ):
         ax.axvline(seen["call"], color=f"C{i + 1}", ls="--", lw=0.9, label=fault.replace("_", " "))
     ax.set_yscale("log")
     ax.set_xlabel("batch")

@@ -70,9 +70,17 @@ def _train(folder: str, calls: int, process_group: Any) -> dict[str, Any]:
     return {
         "weights": weights,
         "skip_events": stabilizer.skip_events,
-        "reports": [{"step": r["step"], "flagged": r["flagged_steps"], "skipped": r["skipped_steps"],
-                     "spikes": r["loss"]["spikes"], "nonfinite": r["loss"]["nonfinite"],
-                     "recovered": r["recovered"] is not None} for r in stabilizer.reports],
+        "reports": [
+            {
+                "step": r["step"],
+                "flagged": r["flagged_steps"],
+                "skipped": r["skipped_steps"],
+                "spikes": r["loss"]["spikes"],
+                "nonfinite": r["loss"]["nonfinite"],
+                "recovered": r["recovered"] is not None,
+            }
+            for r in stabilizer.reports
+        ],
         "rollbacks": [h["restored_step"] for h in recovery.history],
         "lr": float(optimizer.param_groups[0]["lr"]),
         "writes": manager.writes,
@@ -100,6 +108,8 @@ def rank_agreement_check(folder: str | None = None, calls: int = 70) -> dict[str
     folder = folder or tempfile.mkdtemp(prefix="trainopt-agreement-")
     rank = dist.get_rank()
     agreed = _train(str(Path(folder) / "agreed"), calls, None)
-    own_groups = [dist.new_group([r]) for r in range(dist.get_world_size())]  # every rank creates every group
+    own_groups = [
+        dist.new_group([r]) for r in range(dist.get_world_size())
+    ]  # every rank creates every group
     local = _train(str(Path(folder) / f"rank_local_{rank}"), calls, own_groups[rank])
     return {"agreed": agreed, "rank_local": local}

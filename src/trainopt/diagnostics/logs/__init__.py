@@ -28,8 +28,10 @@ __all__ = ["FORMATS", "LogFormatError", "canonical_name", "log_format", "normali
 FORMATS = ("trainer_state", "tensorboard", "csv", "jsonl")
 """The log formats :func:`read_log` reads."""
 
-ALLOWED = ("a trainer_state.json, a Trainer output folder, TensorBoard event files (events.out.tfevents.*) "
-           "or a folder of them, a .csv or a .jsonl file")
+ALLOWED = (
+    "a trainer_state.json, a Trainer output folder, TensorBoard event files (events.out.tfevents.*) "
+    "or a folder of them, a .csv or a .jsonl file"
+)
 
 
 def _event_files(folder: Path) -> list[Path]:
@@ -60,7 +62,10 @@ def log_format(path: str | Path) -> str:
             return "trainer_state"
         if _event_files(path):
             return "tensorboard"
-        raise LogFormatError("path", f"{path} is a folder with no trainer_state.json and no event files; give {ALLOWED}")
+        raise LogFormatError(
+            "path",
+            f"{path} is a folder with no trainer_state.json and no event files; give {ALLOWED}",
+        )
     if "tfevents" in path.name:
         return "tensorboard"
     if path.suffix == ".json":

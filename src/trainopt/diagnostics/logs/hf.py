@@ -37,8 +37,11 @@ def find_trainer_state(folder: str | Path) -> Path | None:
     folder = Path(folder)
     if (folder / "trainer_state.json").is_file():
         return folder / "trainer_state.json"
-    checkpoints = [(int(m[1]), p) for p in folder.glob("checkpoint-*/trainer_state.json")
-                   if (m := re.fullmatch(r"checkpoint-(\d+)", p.parent.name))]
+    checkpoints = [
+        (int(m[1]), p)
+        for p in folder.glob("checkpoint-*/trainer_state.json")
+        if (m := re.fullmatch(r"checkpoint-(\d+)", p.parent.name))
+    ]
     return max(checkpoints)[1] if checkpoints else None
 
 
@@ -64,12 +67,19 @@ def read_trainer_state(path: str | Path) -> list[dict[str, Any]]:
     try:
         state = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise LogFormatError("path", f"{path.name} is not JSON ({exc.msg} at line {exc.lineno}); give a "
-                                     "trainer_state.json") from exc
+        raise LogFormatError(
+            "path",
+            f"{path.name} is not JSON ({exc.msg} at line {exc.lineno}); give a trainer_state.json",
+        ) from exc
     history = state.get("log_history") if isinstance(state, dict) else None
     if not isinstance(history, list):
-        raise LogFormatError("log_history", f"{path.name} has no log_history list: a Hugging Face "
-                                            "trainer_state.json has one")
+        raise LogFormatError(
+            "log_history",
+            f"{path.name} has no log_history list: a Hugging Face trainer_state.json has one",
+        )
     # the summary entry's train_loss is the run's mean loss, not a step's
-    return normalize({k: v for k, v in entry.items() if k != "train_loss"} for entry in history
-                     if isinstance(entry, dict))
+    return normalize(
+        {k: v for k, v in entry.items() if k != "train_loss"}
+        for entry in history
+        if isinstance(entry, dict)
+    )

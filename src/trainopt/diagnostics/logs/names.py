@@ -11,17 +11,41 @@ from trainopt.config.cli import UsageError
 from trainopt.diagnostics.records import ALIASES as MONITOR_NAMES
 
 ALIASES: dict[str, str] = {
-    "loss": "loss", "train_loss": "loss", "training_loss": "loss", "loss_step": "loss",
-    "lr": "lr", "learning_rate": "lr", "learningrate": "lr",
-    "grad_norm": "grad_norm", "gradient_norm": "grad_norm", "grad_norm_total": "grad_norm",
-    "global_grad_norm": "grad_norm", "gradnorm": "grad_norm",
-    "step": "step", "global_step": "step", "iteration": "step", "iter": "step", "_step": "step",
+    "loss": "loss",
+    "train_loss": "loss",
+    "training_loss": "loss",
+    "loss_step": "loss",
+    "lr": "lr",
+    "learning_rate": "lr",
+    "learningrate": "lr",
+    "grad_norm": "grad_norm",
+    "gradient_norm": "grad_norm",
+    "grad_norm_total": "grad_norm",
+    "global_grad_norm": "grad_norm",
+    "gradnorm": "grad_norm",
+    "step": "step",
+    "global_step": "step",
+    "iteration": "step",
+    "iter": "step",
+    "_step": "step",
     "trainer_global_step": "step",
 }
 """A column's simplified name (:func:`canonical_name`) -> its name in the record schema."""
 
-SCHEMA = frozenset({"loss", "grad_norm", "lr", "step_time", "tokens_per_s", "comm_time", "memory_allocated",
-                    "memory_reserved", "max_memory"} | {name for name, _ in MONITOR_NAMES.values()})
+SCHEMA = frozenset(
+    {
+        "loss",
+        "grad_norm",
+        "lr",
+        "step_time",
+        "tokens_per_s",
+        "comm_time",
+        "memory_allocated",
+        "memory_reserved",
+        "max_memory",
+    }
+    | {name for name, _ in MONITOR_NAMES.values()}
+)
 """The columns :func:`~trainopt.diagnostics.diagnose` reads (besides ``step``)."""
 
 _TRAIN_PREFIX = re.compile(r"^(?:train|training|trainer)[/._-](?=.)")
@@ -97,14 +121,21 @@ def normalize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         for column, value in row.items():
             seen.add(column)
             name = canonical_name(column)
-            if name not in record and not (isinstance(value, str) and not value.strip()):  # an empty cell: not logged
+            if name not in record and not (
+                isinstance(value, str) and not value.strip()
+            ):  # an empty cell: not logged
                 record[name] = _number(value)
         step = record.get("step")
-        record["step"] = int(step) if isinstance(step, (int, float)) and math.isfinite(step) else position
+        record["step"] = (
+            int(step) if isinstance(step, (int, float)) and math.isfinite(step) else position
+        )
         records.append(record)
     if any("loss" in r for r in records):
         records = [r for r in records if "loss" in r]
     elif not any(SCHEMA & r.keys() for r in records):
-        raise LogFormatError("loss", f"no column is a training loss; name it loss, train/loss or train_loss "
-                                     f"(the columns are {sorted(seen)[:8]})")
+        raise LogFormatError(
+            "loss",
+            f"no column is a training loss; name it loss, train/loss or train_loss "
+            f"(the columns are {sorted(seen)[:8]})",
+        )
     return sorted(records, key=lambda r: r["step"])

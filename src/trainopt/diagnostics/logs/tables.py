@@ -26,7 +26,9 @@ def read_csv(path: str | Path) -> list[dict[str, Any]]:
     with Path(path).open(newline="") as f:
         rows = list(csv.DictReader(f))
     if not rows:
-        raise LogFormatError("path", f"{Path(path).name} has no rows below a header line naming the columns")
+        raise LogFormatError(
+            "path", f"{Path(path).name} has no rows below a header line naming the columns"
+        )
     return normalize(rows)
 
 
@@ -49,5 +51,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
-                raise LogFormatError("path", f"{Path(path).name}:{n} is not a JSON object ({exc.msg})") from exc
+                raise LogFormatError(
+                    "path", f"{Path(path).name}:{n} is not a JSON object ({exc.msg})"
+                ) from exc
     return normalize(r for r in rows if isinstance(r, dict))

@@ -41,8 +41,11 @@ def scalars(path: str | Path) -> dict[str, list[tuple[int, float]]]:
         from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
         from tensorboard.util import tensor_util
     except ImportError as exc:
-        raise LogFormatError("path", "reading TensorBoard event files needs the tensorboard package "
-                                     "(pip install tensorboard)") from exc
+        raise LogFormatError(
+            "path",
+            "reading TensorBoard event files needs the tensorboard package "
+            "(pip install tensorboard)",
+        ) from exc
     found: dict[str, list[tuple[int, float]]] = {}
     for event in EventFileLoader(str(path)).Load():
         for value in event.summary.value:

@@ -26,7 +26,6 @@ from trainopt.stability.integrations.tiny import VOCAB
 __all__ = ["pruning_callback", "rule_data", "trainer_objective"]
 
 
-
 @functools.cache
 def _callback_class() -> type:
     from transformers import TrainerCallback
@@ -41,20 +40,27 @@ def _callback_class() -> type:
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.global_step >= state.max_steps:
-                control.should_evaluate = True  # the last step is evaluated too: it is the trial's value
+                control.should_evaluate = (
+                    True  # the last step is evaluated too: it is the trial's value
+                )
 
-        def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict | None = None,
-                        **kwargs: Any) -> None:
+        def on_evaluate(
+            self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kwargs: Any
+        ) -> None:
             if not metrics or self.metric not in metrics:
-                raise KeyError(f"metric {self.metric!r} is not among the evaluation's metrics "
-                               f"{sorted(metrics or ())}; give the Trainer an eval_dataset")
+                raise KeyError(
+                    f"metric {self.metric!r} is not among the evaluation's metrics "
+                    f"{sorted(metrics or ())}; give the Trainer an eval_dataset"
+                )
             self.value = float(metrics[self.metric])
             self.reporter.report(self.value, state.global_step)
 
     return TrialPruningCallback
 
 
-def pruning_callback(trial: optuna.Trial, metric: str = "eval_loss", prune: bool | None = None) -> Any:
+def pruning_callback(
+    trial: optuna.Trial, metric: str = "eval_loss", prune: bool | None = None
+) -> Any:
     """A ``transformers.TrainerCallback`` that reports ``metric`` to ``trial`` at each evaluation.
 
     It raises ``optuna.TrialPruned`` out of ``trainer.train()`` when the study's pruner says stop,
@@ -121,10 +127,24 @@ def trainer_objective(trial: optuna.Trial, params: dict[str, Any]) -> float:
 
     callback = pruning_callback(trial)
     with tempfile.TemporaryDirectory() as out_dir:
-        args = TrainingArguments(out_dir, eval_strategy="steps", save_strategy="no", logging_strategy="no",
-                                 report_to="none", use_cpu=True, disable_tqdm=True, seed=0, **params)
-        trainer = Trainer(model=tiny_causal_lm(), args=args, train_dataset=rule_data(256, seed=0),
-                          eval_dataset=rule_data(32, seed=1), callbacks=[callback])
+        args = TrainingArguments(
+            out_dir,
+            eval_strategy="steps",
+            save_strategy="no",
+            logging_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            disable_tqdm=True,
+            seed=0,
+            **params,
+        )
+        trainer = Trainer(
+            model=tiny_causal_lm(),
+            args=args,
+            train_dataset=rule_data(256, seed=0),
+            eval_dataset=rule_data(32, seed=1),
+            callbacks=[callback],
+        )
         trainer.remove_callback(PrinterCallback)
         trainer.train()
     assert callback.value is not None

@@ -11,14 +11,19 @@ import torch
 PROFILE_CATEGORIES: tuple[tuple[str, str], ...] = (
     ("attention", r"flash|fmha|attention|sdpa"),
     ("optimizer", r"adam|multi_tensor|foreach"),
-    ("matmul", r"gemm|cutlass|xmma|nvjet|cublas|sm90_|sm80_|ampere_|triton_tem|aten::(mm|addmm|bmm|linear|matmul)\b"),
+    (
+        "matmul",
+        r"gemm|cutlass|xmma|nvjet|cublas|sm90_|sm80_|ampere_|triton_tem|aten::(mm|addmm|bmm|linear|matmul)\b",
+    ),
     ("loss", r"log_softmax|nll|cross_entropy"),
     ("casts and copies", r"copy|memcpy|memset|aten::to\b|aten::_to_copy"),
     ("pointwise, norms, other", r""),
 )
 
 
-def profile_breakdown(step: Callable[[], None], device: str | torch.device, steps: int = 2) -> dict[str, Any]:
+def profile_breakdown(
+    step: Callable[[], None], device: str | torch.device, steps: int = 2
+) -> dict[str, Any]:
     """Profile ``steps`` steps; return the time per step by category and the top kernels.
 
     On CUDA it sums kernel times (what the GPU did); on a CPU the self time of operators.
@@ -61,7 +66,10 @@ def profile_breakdown(step: Callable[[], None], device: str | torch.device, step
         categories[category] += seconds
     top = sorted(by_name.items(), key=lambda item: item[1], reverse=True)[:8]
     return {
-        "steps": steps, "busy_s_per_step": busy,
-        "categories": {c: {"s_per_step": s, "share": s / busy if busy else 0.0} for c, s in categories.items()},
+        "steps": steps,
+        "busy_s_per_step": busy,
+        "categories": {
+            c: {"s_per_step": s, "share": s / busy if busy else 0.0} for c, s in categories.items()
+        },
         "top": [{"name": name[:90], "s_per_step": s} for name, s in top],
     }

@@ -25,8 +25,14 @@ from trainopt.perf.bench.results import Results, read_results
 from trainopt.validation import check_int
 
 
-def ratio_of_medians(baseline: Sequence[float], candidate: Sequence[float], *, confidence: float = 0.95,
-                     resamples: int = 4000, seed: int = 0) -> dict[str, float]:
+def ratio_of_medians(
+    baseline: Sequence[float],
+    candidate: Sequence[float],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 4000,
+    seed: int = 0,
+) -> dict[str, float]:
     """``median(baseline) / median(candidate)`` with a percentile-bootstrap interval.
 
     For step times this is the candidate's speed-up (above 1: the candidate is faster).
@@ -56,8 +62,13 @@ def ratio_of_medians(baseline: Sequence[float], candidate: Sequence[float], *, c
     resampled_a = np.median(a[rng.integers(0, a.size, (resamples, a.size))], axis=1)
     resampled_b = np.median(b[rng.integers(0, b.size, (resamples, b.size))], axis=1)
     low, high = np.quantile(resampled_a / resampled_b, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return {"ratio": float(np.median(a) / np.median(b)), "low": float(low), "high": float(high),
-            "confidence": confidence, "resamples": resamples}
+    return {
+        "ratio": float(np.median(a) / np.median(b)),
+        "low": float(low),
+        "high": float(high),
+        "confidence": confidence,
+        "resamples": resamples,
+    }
 
 
 def verdict(interval: dict[str, float]) -> str:
@@ -75,8 +86,9 @@ def verdict(interval: dict[str, float]) -> str:
     return "no clear difference"
 
 
-def compare_results(baseline: Results, candidate: Results, *, confidence: float = 0.95,
-                    resamples: int = 4000) -> list[dict[str, Any]]:
+def compare_results(
+    baseline: Results, candidate: Results, *, confidence: float = 0.95, resamples: int = 4000
+) -> list[dict[str, Any]]:
     """Every configuration measured in both results files, by name: speed-up of ``candidate``.
 
     Runs of separate processes are not interleaved: machine drift between the two runs enters
@@ -92,16 +104,27 @@ def compare_results(baseline: Results, candidate: Results, *, confidence: float 
         >>> [(row["name"], row["ratio"], row["verdict"]) for row in compare_results(before, after)]
         [('tiny', 2.0, 'faster')]
     """
+
     def measured(results: Results) -> dict[str, list[float]]:
-        return {r["name"]: r["window_step_times_s"] for r in results.get("results", [])
-                if r.get("status") == "ok" and r.get("window_step_times_s")}
+        return {
+            r["name"]: r["window_step_times_s"]
+            for r in results.get("results", [])
+            if r.get("status") == "ok" and r.get("window_step_times_s")
+        }
 
     a, b = measured(baseline), measured(candidate)
     rows = []
     for name in (n for n in a if n in b):
         interval = ratio_of_medians(a[name], b[name], confidence=confidence, resamples=resamples)
-        rows.append({"name": name, "baseline_s": float(np.median(a[name])),
-                     "candidate_s": float(np.median(b[name])), **interval, "verdict": verdict(interval)})
+        rows.append(
+            {
+                "name": name,
+                "baseline_s": float(np.median(a[name])),
+                "candidate_s": float(np.median(b[name])),
+                **interval,
+                "verdict": verdict(interval),
+            }
+        )
     return rows
 
 
@@ -116,10 +139,15 @@ def render_comparison(rows: Sequence[dict[str, Any]]) -> str:
         | tiny | 20.00 | 10.00 | 2.00× | 1.80–2.20 | faster |
     """
     level = f"{rows[0]['confidence']:.0%}" if rows else "95%"
-    lines = [f"| configuration | baseline ms | candidate ms | speed-up | {level} interval | verdict |",
-             "| --- | ---: | ---: | ---: | ---: | --- |"]
-    lines += [f"| {r['name']} | {r['baseline_s'] * 1e3:.2f} | {r['candidate_s'] * 1e3:.2f} | {r['ratio']:.2f}× "
-              f"| {r['low']:.2f}–{r['high']:.2f} | {r['verdict']} |" for r in rows]
+    lines = [
+        f"| configuration | baseline ms | candidate ms | speed-up | {level} interval | verdict |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    lines += [
+        f"| {r['name']} | {r['baseline_s'] * 1e3:.2f} | {r['candidate_s'] * 1e3:.2f} | {r['ratio']:.2f}× "
+        f"| {r['low']:.2f}–{r['high']:.2f} | {r['verdict']} |"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 

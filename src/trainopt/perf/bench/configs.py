@@ -12,7 +12,11 @@ from trainopt.perf.precision import PRECISIONS
 from trainopt.validation import check_int
 
 COMPILE_MODES: tuple[str, ...] = (
-    "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs",
+    "none",
+    "default",
+    "reduce-overhead",
+    "max-autotune",
+    "max-autotune-no-cudagraphs",
 )
 
 
@@ -64,14 +68,20 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         allowed = {
-            "size": sorted(GPT_PRESETS), "precision": list(PRECISIONS), "compile": list(COMPILE_MODES),
-            "compile_backend": list(COMPILE_BACKENDS), "optimizer": list(OPTIMIZERS),
-            "attention": list(ATTENTION_BACKENDS), "checkpointing": [False, True],
+            "size": sorted(GPT_PRESETS),
+            "precision": list(PRECISIONS),
+            "compile": list(COMPILE_MODES),
+            "compile_backend": list(COMPILE_BACKENDS),
+            "optimizer": list(OPTIMIZERS),
+            "attention": list(ATTENTION_BACKENDS),
+            "checkpointing": [False, True],
         }
         for field_name, values in allowed.items():
             value = getattr(self, field_name)
             if value not in values or type(value) is not type(values[0]):
-                raise ValueError(f"{field_name} must be one of {values}, got {field_name}={value!r}")
+                raise ValueError(
+                    f"{field_name} must be one of {values}, got {field_name}={value!r}"
+                )
         check_int("batch_size", self.batch_size, 1)
         block = GPT_PRESETS[self.size].get("block_size", 1024)
         if not isinstance(self.seq_len, int) or not 0 <= self.seq_len <= block:
@@ -109,7 +119,9 @@ class BenchConfig:
         return " ".join(parts)
 
 
-def build_matrix(base: BenchConfig, axes: dict[str, Sequence[Any]], grid: bool = False) -> list[BenchConfig]:
+def build_matrix(
+    base: BenchConfig, axes: dict[str, Sequence[Any]], grid: bool = False
+) -> list[BenchConfig]:
     """Configurations around ``base``: one field varied at a time, or every combination.
 
     Args:
@@ -130,12 +142,17 @@ def build_matrix(base: BenchConfig, axes: dict[str, Sequence[Any]], grid: bool =
     names = {f.name for f in fields(BenchConfig)}
     for axis in axes:
         if axis not in names:
-            raise ValueError(f"axes keys must be fields of BenchConfig {sorted(names)}, got {axis!r}")
+            raise ValueError(
+                f"axes keys must be fields of BenchConfig {sorted(names)}, got {axis!r}"
+            )
     if grid:
         keys = list(axes)
-        candidates = [replace(base, **dict(zip(keys, values)))
-                      for values in itertools.product(*(axes[k] for k in keys))]
+        candidates = [
+            replace(base, **dict(zip(keys, values)))
+            for values in itertools.product(*(axes[k] for k in keys))
+        ]
     else:
-        candidates = [base] + [replace(base, **{axis: value}) for axis, values in axes.items()
-                               for value in values]
+        candidates = [base] + [
+            replace(base, **{axis: value}) for axis, values in axes.items() for value in values
+        ]
     return list(dict.fromkeys(candidates))

@@ -71,10 +71,18 @@ def mlp_family(width: int = 512, depth: int = 4, batch_size: int = 1024) -> Fami
         3
     """
     torch.manual_seed(0)
-    blocks = [nn.Sequential(nn.Linear(64 if i == 0 else width, width), nn.GELU()) for i in range(depth)]
+    blocks = [
+        nn.Sequential(nn.Linear(64 if i == 0 else width, width), nn.GELU()) for i in range(depth)
+    ]
     model = nn.Sequential(*blocks, nn.Linear(width, 10))
-    return Family("MLP", model, torch.randn(batch_size, 64), torch.randint(0, 10, (batch_size,)),
-                  F.cross_entropy, blocks)
+    return Family(
+        "MLP",
+        model,
+        torch.randn(batch_size, 64),
+        torch.randint(0, 10, (batch_size,)),
+        F.cross_entropy,
+        blocks,
+    )
 
 
 class ResidualBlock(nn.Module):
@@ -98,7 +106,9 @@ class ResidualBlock(nn.Module):
         return F.relu(x + self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))))
 
 
-def cnn_family(channels: int = 32, blocks: int = 2, batch_size: int = 16, image: int = 32) -> Family:
+def cnn_family(
+    channels: int = 32, blocks: int = 2, batch_size: int = 16, image: int = 32
+) -> Family:
     """A ResNet-style CNN: a stem, ``blocks`` residual blocks, pooling and a 10-way head.
 
     Example:
@@ -108,14 +118,28 @@ def cnn_family(channels: int = 32, blocks: int = 2, batch_size: int = 16, image:
         torch.Size([16, 10])
     """
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU(),
-                          *[ResidualBlock(channels) for _ in range(blocks)],
-                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 10))
-    return Family("ResNet-style CNN", model, torch.randn(batch_size, 3, image, image),
-                  torch.randint(0, 10, (batch_size,)), F.cross_entropy, ResidualBlock)
+    model = nn.Sequential(
+        nn.Conv2d(3, channels, 3, padding=1, bias=False),
+        nn.BatchNorm2d(channels),
+        nn.ReLU(),
+        *[ResidualBlock(channels) for _ in range(blocks)],
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(channels, 10),
+    )
+    return Family(
+        "ResNet-style CNN",
+        model,
+        torch.randn(batch_size, 3, image, image),
+        torch.randint(0, 10, (batch_size,)),
+        F.cross_entropy,
+        ResidualBlock,
+    )
 
 
-def encoder_family(width: int = 128, layers: int = 2, batch_size: int = 8, seq_len: int = 128) -> Family:
+def encoder_family(
+    width: int = 128, layers: int = 2, batch_size: int = 8, seq_len: int = 128
+) -> Family:
     """``nn.TransformerEncoder`` (dropout 0.1, batch first) regressing random targets.
 
     Example:
@@ -125,10 +149,19 @@ def encoder_family(width: int = 128, layers: int = 2, batch_size: int = 8, seq_l
         torch.Size([8, 128, 128])
     """
     torch.manual_seed(0)
-    layer = nn.TransformerEncoderLayer(width, nhead=4, dim_feedforward=4 * width, dropout=0.1, batch_first=True)
+    layer = nn.TransformerEncoderLayer(
+        width, nhead=4, dim_feedforward=4 * width, dropout=0.1, batch_first=True
+    )
     model = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
     x = torch.randn(batch_size, seq_len, width)
-    return Family("nn.TransformerEncoder", model, x, torch.randn_like(x), F.mse_loss, nn.TransformerEncoderLayer)
+    return Family(
+        "nn.TransformerEncoder",
+        model,
+        x,
+        torch.randn_like(x),
+        F.mse_loss,
+        nn.TransformerEncoderLayer,
+    )
 
 
 def gpt_family(batch_size: int = 8, seq_len: int = 64) -> Family:
@@ -167,14 +200,23 @@ def hf_gpt2_family(batch_size: int = 8, seq_len: int = 64) -> Family:
     from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=512, n_positions=64))
+    model = GPT2LMHeadModel(
+        GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=512, n_positions=64)
+    )
     model.train()
     ids = torch.randint(0, 512, (batch_size, seq_len))
-    return Family("Hugging Face GPT-2", model, {"input_ids": ids, "labels": ids}, None, None, GPT2Block)
+    return Family(
+        "Hugging Face GPT-2", model, {"input_ids": ids, "labels": ids}, None, None, GPT2Block
+    )
 
 
 FAMILIES: dict[str, Callable[[], Family]] = {
-    "mlp": mlp_family, "cnn": cnn_family, "encoder": encoder_family, "gpt": gpt_family, "hf-gpt2": hf_gpt2_family}
+    "mlp": mlp_family,
+    "cnn": cnn_family,
+    "encoder": encoder_family,
+    "gpt": gpt_family,
+    "hf-gpt2": hf_gpt2_family,
+}
 """The model families of the memory page's table, by the name ``--families`` takes."""
 
 NEEDS = {"hf-gpt2": "transformers"}
@@ -189,7 +231,11 @@ def available_families() -> list[str]:
         >>> available_families()[:4]
         ['mlp', 'cnn', 'encoder', 'gpt']
     """
-    return [name for name in FAMILIES if name not in NEEDS or importlib.util.find_spec(NEEDS[name]) is not None]
+    return [
+        name
+        for name in FAMILIES
+        if name not in NEEDS or importlib.util.find_spec(NEEDS[name]) is not None
+    ]
 
 
 def accelerate_estimate(model: nn.Module, precision: str = "fp32") -> int:
@@ -212,8 +258,9 @@ def accelerate_estimate(model: nn.Module, precision: str = "fp32") -> int:
     return 4 * size if AUTOCAST_DTYPES[precision] is None else 2 * size
 
 
-def measure_step_peak(family: Family, optimizer: str = "adamw", precision: str = "fp32",
-                      checkpointing: bool = False) -> int:
+def measure_step_peak(
+    family: Family, optimizer: str = "adamw", precision: str = "fp32", checkpointing: bool = False
+) -> int:
     """Peak bytes of a real steady-state training step of ``family`` on the CPU.
 
     The step is the one :func:`~trainopt.perf.traced_estimate.estimate_step_memory` traces;
@@ -238,8 +285,12 @@ def measure_step_peak(family: Family, optimizer: str = "adamw", precision: str =
     leaves = torch.utils._pytree.tree_leaves((family.batch, family.targets))
     with checkpointed(model, family.checkpointing if checkpointing else None):
         step()  # the optimizer creates its state: measure the steady state
-        return measure_peak_memory(step, model, opt, [*model.buffers(), *(t for t in leaves
-                                                                          if isinstance(t, torch.Tensor))])
+        return measure_peak_memory(
+            step,
+            model,
+            opt,
+            [*model.buffers(), *(t for t in leaves if isinstance(t, torch.Tensor))],
+        )
 
 
 def compare(family: Family, optimizer: str, precision: str, checkpointing: bool) -> dict[str, Any]:
@@ -251,21 +302,40 @@ def compare(family: Family, optimizer: str, precision: str, checkpointing: bool)
         >>> abs(row["error"]) < 0.05, row["peak_phase"]
         (True, 'backward')
     """
-    estimate = estimate_step_memory(family.model, family.batch, targets=family.targets, loss_fn=family.loss_fn,
-                                    optimizer=optimizer, precision=precision,
-                                    checkpointing=family.checkpointing if checkpointing else None)
+    estimate = estimate_step_memory(
+        family.model,
+        family.batch,
+        targets=family.targets,
+        loss_fn=family.loss_fn,
+        optimizer=optimizer,
+        precision=precision,
+        checkpointing=family.checkpointing if checkpointing else None,
+    )
     measured = measure_step_peak(family, optimizer, precision, checkpointing)
     accelerate = accelerate_estimate(family.model, precision)
-    return {"family": family.name, "parameters": sum(p.numel() for p in family.model.parameters()),
-            "precision": precision, "optimizer": optimizer, "checkpointing": checkpointing,
-            "estimate_bytes": estimate.peak, "measured_bytes": measured, "error": estimate.peak / measured - 1,
-            "peak_phase": estimate.peak_phase, "accelerate_bytes": accelerate,
-            "accelerate_error": accelerate / measured - 1}
+    return {
+        "family": family.name,
+        "parameters": sum(p.numel() for p in family.model.parameters()),
+        "precision": precision,
+        "optimizer": optimizer,
+        "checkpointing": checkpointing,
+        "estimate_bytes": estimate.peak,
+        "measured_bytes": measured,
+        "error": estimate.peak / measured - 1,
+        "peak_phase": estimate.peak_phase,
+        "accelerate_bytes": accelerate,
+        "accelerate_error": accelerate / measured - 1,
+    }
 
 
-def run(families: Sequence[str] | None = None, precisions: Sequence[str] = ("fp32", "bf16"),
-        optimizers: Sequence[str] = ("adamw", "sgd"), checkpointing: Sequence[bool] = (False, True),
-        command: str | None = None, note: str | None = None) -> Results:
+def run(
+    families: Sequence[str] | None = None,
+    precisions: Sequence[str] = ("fp32", "bf16"),
+    optimizers: Sequence[str] = ("adamw", "sgd"),
+    checkpointing: Sequence[bool] = (False, True),
+    command: str | None = None,
+    note: str | None = None,
+) -> Results:
     """Every combination for each family: a results file of kind ``"estimate"``.
 
     Example:
@@ -278,17 +348,31 @@ def run(families: Sequence[str] | None = None, precisions: Sequence[str] = ("fp3
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:
         raise ValueError(f"families must be among {list(FAMILIES)}, got {unknown}")
-    results = new_results("estimate", "cpu", command, note, families=names, precisions=list(precisions),
-                          optimizers=list(optimizers), checkpointing=list(checkpointing))
+    results = new_results(
+        "estimate",
+        "cpu",
+        command,
+        note,
+        families=names,
+        precisions=list(precisions),
+        optimizers=list(optimizers),
+        checkpointing=list(checkpointing),
+    )
     rows = []
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the peak does not depend on threads; one keeps a shared machine usable
+    torch.set_num_threads(
+        1
+    )  # the peak does not depend on threads; one keeps a shared machine usable
     started = time.perf_counter()
     try:
         for name in names:
             family = FAMILIES[name]()
-            rows += [compare(family, opt, precision, ckpt)
-                     for precision in precisions for opt in optimizers for ckpt in checkpointing]
+            rows += [
+                compare(family, opt, precision, ckpt)
+                for precision in precisions
+                for opt in optimizers
+                for ckpt in checkpointing
+            ]
     finally:
         torch.set_num_threads(threads)
     results["rows"] = rows

@@ -50,8 +50,13 @@ CHECKPOINT_POLICIES: dict[str, dict[str, Any]] = {
 DEFAULT_BATCH = {"tiny": 4, "small": 8, "124m": 16, "350m": 8}
 
 
-def train_step(model: GPT, optimizer: torch.optim.Optimizer, precision: Precision,
-               x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def train_step(
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    precision: Precision,
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> torch.Tensor:
     """One training step: forward under autocast, (scaled) backward, step, free gradients.
 
     Returns the loss as a tensor on the device (no host sync).
@@ -92,8 +97,13 @@ def _free(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _peak_memory(step: Any, model: GPT, optimizer: torch.optim.Optimizer, batch: list[torch.Tensor],
-                 device: torch.device) -> int:
+def _peak_memory(
+    step: Any,
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    batch: list[torch.Tensor],
+    device: torch.device,
+) -> int:
     """The peak of one more steady-state step: CUDA's allocator peak, or live storages on a CPU."""
     if device.type != "cuda":
         return measure_peak_memory(step, model, optimizer, batch, device)
@@ -103,8 +113,17 @@ def _peak_memory(step: Any, model: GPT, optimizer: torch.optim.Optimizer, batch:
     return torch.cuda.max_memory_allocated(device)
 
 
-def measure(size: str, precision_name: str, device: torch.device, batch_size: int, seq_len: int,
-            steps: int, warmup: int, max_warmup: int = 100, policy: str = "none") -> dict[str, Any]:
+def measure(
+    size: str,
+    precision_name: str,
+    device: torch.device,
+    batch_size: int,
+    seq_len: int,
+    steps: int,
+    warmup: int,
+    max_warmup: int = 100,
+    policy: str = "none",
+) -> dict[str, Any]:
     """Warm up until stable, time ``steps`` steps, then measure one step's peak memory.
 
     Example:
@@ -119,8 +138,9 @@ def measure(size: str, precision_name: str, device: torch.device, batch_size: in
     model, optimizer = _setup(size, device)
     options = CHECKPOINT_POLICIES[policy]
     layers = apply_activation_checkpointing(model, Block, **options) if options else []
-    x, y = synthetic_batch(model.config, batch_size, seq_len, device=device,
-                           generator=torch.Generator().manual_seed(1))
+    x, y = synthetic_batch(
+        model.config, batch_size, seq_len, device=device, generator=torch.Generator().manual_seed(1)
+    )
     step = functools.partial(train_step, model, optimizer, precision, x, y)
     timer = StepTimer(device, warmup=0)
     with precision.matmul_settings():
@@ -133,25 +153,46 @@ def measure(size: str, precision_name: str, device: torch.device, batch_size: in
     summary = summarize(times)
     tokens_per_s = batch_size * seq_len / (summary["median_ms"] / 1e3)
     peak, _ = peak_flops_for(device, precision_name)
-    estimate = None if options.get("selective") else estimate_training_memory(
-        model, precision_name, batch_size=batch_size, seq_len=seq_len,
-        checkpoint_every=options.get("every", 0), implementation="fused", device=device).peak
+    estimate = (
+        None
+        if options.get("selective")
+        else estimate_training_memory(
+            model,
+            precision_name,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            checkpoint_every=options.get("every", 0),
+            implementation="fused",
+            device=device,
+        ).peak
+    )
     row = {
-        "precision": precision_name, "policy": policy, "checkpointed_layers": len(layers),
-        "warmup": warmup_record, "step_times_ms": times, "step_time_ms": spread(times),
-        "step_time_median_ms": summary["median_ms"], "step_time_p10_ms": summary["p10_ms"],
-        "step_time_p90_ms": summary["p90_ms"], "tokens_per_s": tokens_per_s,
-        "peak_flops": peak, "mfu": mfu(model.flops_per_token(seq_len), tokens_per_s, peak) if peak else None,
-        "samples_per_s": tokens_per_s / seq_len, "peak_memory_bytes": peak_memory, "estimate_bytes": estimate,
-        "estimate_error": None if estimate is None else estimate / peak_memory - 1, "loss": float(loss),
+        "precision": precision_name,
+        "policy": policy,
+        "checkpointed_layers": len(layers),
+        "warmup": warmup_record,
+        "step_times_ms": times,
+        "step_time_ms": spread(times),
+        "step_time_median_ms": summary["median_ms"],
+        "step_time_p10_ms": summary["p10_ms"],
+        "step_time_p90_ms": summary["p90_ms"],
+        "tokens_per_s": tokens_per_s,
+        "peak_flops": peak,
+        "mfu": mfu(model.flops_per_token(seq_len), tokens_per_s, peak) if peak else None,
+        "samples_per_s": tokens_per_s / seq_len,
+        "peak_memory_bytes": peak_memory,
+        "estimate_bytes": estimate,
+        "estimate_error": None if estimate is None else estimate / peak_memory - 1,
+        "loss": float(loss),
     }
     del model, optimizer
     _free(device)
     return row
 
 
-def phase_memory(size: str, precision_name: str, device: torch.device, batch_size: int,
-                 seq_len: int) -> list[dict[str, Any]]:
+def phase_memory(
+    size: str, precision_name: str, device: torch.device, batch_size: int, seq_len: int
+) -> list[dict[str, Any]]:
     """Memory after each phase of a steady-state step (forward, backward, optimizer) and the peak in it.
 
     On CUDA from the allocator (:class:`~trainopt.perf.memory.MemoryTracker`: allocated,
@@ -174,7 +215,11 @@ def phase_memory(size: str, precision_name: str, device: torch.device, batch_siz
     with precision.matmul_settings():
         train_step(model, optimizer, precision, x, y)  # AdamW creates its state
         live.count([*training_state(model, optimizer), x, y])
-        phase = cuda_tracker.phase if cuda_tracker.available else functools.partial(_live_phase, live, rows=rows)
+        phase = (
+            cuda_tracker.phase
+            if cuda_tracker.available
+            else functools.partial(_live_phase, live, rows=rows)
+        )
         with phase("forward"), precision.autocast():
             loss = model(x, targets=y)
         with phase("backward"):
@@ -195,8 +240,9 @@ def _live_phase(live: LiveStorageTracker, name: str, rows: list[dict[str, Any]])
     rows.append({"phase": name, "allocated": live.current, "reserved": None, "peak": live.peak})
 
 
-def top_operators(size: str, precision_name: str, device: torch.device, batch_size: int,
-                  seq_len: int, n: int = 10) -> list[dict[str, Any]]:
+def top_operators(
+    size: str, precision_name: str, device: torch.device, batch_size: int, seq_len: int, n: int = 10
+) -> list[dict[str, Any]]:
     """The ``n`` operators with the most self time over two profiled steps.
 
     Example:
@@ -218,9 +264,18 @@ def top_operators(size: str, precision_name: str, device: torch.device, batch_si
     return [dataclasses.asdict(op) for op in prof.top_operators(n)]
 
 
-def run(size: str = "124m", device: str | None = None, batch_size: int | None = None,
-        seq_len: int | None = None, steps: int = 10, warmup: int = 3, max_warmup: int = 100,
-        snapshot: str | Path | None = None, command: str | None = None, note: str | None = None) -> dict[str, Any]:
+def run(
+    size: str = "124m",
+    device: str | None = None,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    steps: int = 10,
+    warmup: int = 3,
+    max_warmup: int = 100,
+    snapshot: str | Path | None = None,
+    command: str | None = None,
+    note: str | None = None,
+) -> dict[str, Any]:
     """All measurements for one model size: a results document of kind ``"experiments"``.
 
     Example:
@@ -239,35 +294,79 @@ def run(size: str = "124m", device: str | None = None, batch_size: int | None = 
     with torch.device("meta"):
         model = GPT(config)
     common = {"size": size, "device": dev, "batch_size": batch_size, "seq_len": seq_len}
-    results = new_results("experiments", dev, command, note, steps=steps, warmup_steps=warmup,
-                          max_warmup_steps=max_warmup)
-    results.update({
-        "model": {"size": size, "parameters": model.num_parameters(), "n_layer": config.n_layer,
-                  "n_head": config.n_head, "n_embd": config.n_embd, "vocab_size": config.vocab_size,
-                  "batch_size": batch_size, "seq_len": seq_len, "tokens_per_step": batch_size * seq_len,
-                  "flops_per_token": model.flops_per_token(seq_len)},
-        "optimizer": "AdamW (fused)",
-        "precision": [],
-    })
+    results = new_results(
+        "experiments",
+        dev,
+        command,
+        note,
+        steps=steps,
+        warmup_steps=warmup,
+        max_warmup_steps=max_warmup,
+    )
+    results.update(
+        {
+            "model": {
+                "size": size,
+                "parameters": model.num_parameters(),
+                "n_layer": config.n_layer,
+                "n_head": config.n_head,
+                "n_embd": config.n_embd,
+                "vocab_size": config.vocab_size,
+                "batch_size": batch_size,
+                "seq_len": seq_len,
+                "tokens_per_step": batch_size * seq_len,
+                "flops_per_token": model.flops_per_token(seq_len),
+            },
+            "optimizer": "AdamW (fused)",
+            "precision": [],
+        }
+    )
     for name in PRECISIONS:
         if name not in supported:
-            results["precision"].append({"precision": name, "supported": False,
-                                         "reason": _unsupported_reason(name, dev)})
+            results["precision"].append(
+                {"precision": name, "supported": False, "reason": _unsupported_reason(name, dev)}
+            )
             continue
-        row = _attempt(measure, {"precision": name, "policy": "none"}, precision_name=name, steps=steps,
-                       warmup=warmup, max_warmup=max_warmup, **common)
+        row = _attempt(
+            measure,
+            {"precision": name, "policy": "none"},
+            precision_name=name,
+            steps=steps,
+            warmup=warmup,
+            max_warmup=max_warmup,
+            **common,
+        )
         results["precision"].append({"supported": True} | row)
     ok = {r["precision"]: r for r in results["precision"] if r["supported"] and "error" not in r}
     for row in ok.values():
-        row["speedup_vs_fp32"] = ok["fp32"]["step_time_median_ms"] / row["step_time_median_ms"] if "fp32" in ok else None
+        row["speedup_vs_fp32"] = (
+            ok["fp32"]["step_time_median_ms"] / row["step_time_median_ms"] if "fp32" in ok else None
+        )
     low = "bf16" if "bf16" in ok else "fp32"
     baseline = next(r for r in results["precision"] if r["precision"] == low)
-    rows = [baseline | {}] + [_attempt(measure, {"precision": low, "policy": p}, precision_name=low, steps=steps,
-                                       warmup=warmup, max_warmup=max_warmup, policy=p, **common)
-                              for p in CHECKPOINT_POLICIES if p != "none"]
+    rows = [baseline | {}] + [
+        _attempt(
+            measure,
+            {"precision": low, "policy": p},
+            precision_name=low,
+            steps=steps,
+            warmup=warmup,
+            max_warmup=max_warmup,
+            policy=p,
+            **common,
+        )
+        for p in CHECKPOINT_POLICIES
+        if p != "none"
+    ]
     results["checkpointing"] = {"precision": low, "rows": [_relative(r, rows[0]) for r in rows]}
-    results["phases"] = {"precision": low, "rows": _attempt(phase_memory, [], precision_name=low, **common)}
-    results["top_operators"] = {"precision": low, "rows": _attempt(top_operators, [], precision_name=low, **common)}
+    results["phases"] = {
+        "precision": low,
+        "rows": _attempt(phase_memory, [], precision_name=low, **common),
+    }
+    results["top_operators"] = {
+        "precision": low,
+        "rows": _attempt(top_operators, [], precision_name=low, **common),
+    }
     if snapshot is not None:
         results["snapshot"] = str(write_snapshot(snapshot, precision_name=low, **common))
     return results
@@ -291,8 +390,10 @@ def _attempt(fn: Any, fallback: Any, **kwargs: Any) -> Any:
         return fn(**kwargs)
     except Exception as exc:  # noqa: BLE001 - one failed configuration must not lose the others
         _free(kwargs["device"])
-        print(f"{fn.__name__} {kwargs.get('precision_name')} {kwargs.get('policy', '')} failed: {exc!r}",
-              file=sys.stderr)
+        print(
+            f"{fn.__name__} {kwargs.get('precision_name')} {kwargs.get('policy', '')} failed: {exc!r}",
+            file=sys.stderr,
+        )
         if isinstance(fallback, dict):
             return fallback | {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         return fallback
@@ -301,16 +402,32 @@ def _attempt(fn: Any, fallback: Any, **kwargs: Any) -> Any:
 def _relative(row: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     if "error" in row or "error" in base:
         return {"policy": row["policy"], "error": row.get("error") or base["error"]}
-    out = {k: row[k] for k in ("policy", "checkpointed_layers", "step_time_median_ms", "step_time_ms",
-                               "peak_memory_bytes", "estimate_bytes", "estimate_error")}
+    out = {
+        k: row[k]
+        for k in (
+            "policy",
+            "checkpointed_layers",
+            "step_time_median_ms",
+            "step_time_ms",
+            "peak_memory_bytes",
+            "estimate_bytes",
+            "estimate_error",
+        )
+    }
     out["time_change"] = row["step_time_median_ms"] / base["step_time_median_ms"] - 1
     out["memory_change"] = row["peak_memory_bytes"] / base["peak_memory_bytes"] - 1
     out["meets_goal"] = out["memory_change"] <= -0.30 and out["time_change"] <= 0.20
     return out
 
 
-def write_snapshot(path: str | Path, size: str, precision_name: str, device: torch.device,
-                   batch_size: int, seq_len: int) -> Path:
+def write_snapshot(
+    path: str | Path,
+    size: str,
+    precision_name: str,
+    device: torch.device,
+    batch_size: int,
+    seq_len: int,
+) -> Path:
     """Record a CUDA memory snapshot of three training steps to ``path`` (for memory_viz).
 
     Raises:
@@ -341,7 +458,9 @@ def write_snapshot(path: str | Path, size: str, precision_name: str, device: tor
         .. skip: end
     """
     if torch.device(device).type != "cuda":
-        raise ValueError(f"write_snapshot records CUDA allocations: device must be a CUDA device, got {str(device)!r}")
+        raise ValueError(
+            f"write_snapshot records CUDA allocations: device must be a CUDA device, got {str(device)!r}"
+        )
     precision = Precision.from_name(precision_name, device)
     model, optimizer = _setup(size, device)
     x, y = synthetic_batch(model.config, batch_size, seq_len, device=device)

@@ -79,7 +79,9 @@ def build_optimizer(config: BenchConfig, model: nn.Module) -> torch.optim.Optimi
         True
     """
     impl = {"fused": True} if config.optimizer == "fused" else {"foreach": True}
-    return torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, **impl)
+    return torch.optim.AdamW(
+        model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, **impl
+    )
 
 
 def attention_context(name: str) -> contextlib.AbstractContextManager:
@@ -98,13 +100,22 @@ def attention_context(name: str) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    backend = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
-               "cudnn": "CUDNN_ATTENTION", "math": "MATH"}[name]
+    backend = {
+        "flash": "FLASH_ATTENTION",
+        "efficient": "EFFICIENT_ATTENTION",
+        "cudnn": "CUDNN_ATTENTION",
+        "math": "MATH",
+    }[name]
     return sdpa_kernel(getattr(SDPBackend, backend))
 
 
-def make_train_step(model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
-                    inputs: torch.Tensor, targets: torch.Tensor) -> Callable[[], None]:
+def make_train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    precision: Precision,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+) -> Callable[[], None]:
     """One training step on a fixed batch: forward, backward, optimizer step. No host sync.
 
     Example:
@@ -159,10 +170,18 @@ def check_step_counts(**counts: int) -> None:
         check_int(name, value, low)
 
 
-def measure(config: BenchConfig, device: str | torch.device = "cpu", *, warmup_steps: int = 3,
-            max_warmup_steps: int = 100, steps: int = 10, windows: int = 5,
-            peak_tflops: dict[str, float] | float | None = None, seed: int = 0,
-            profile_steps: int = 0) -> dict[str, Any]:
+def measure(
+    config: BenchConfig,
+    device: str | torch.device = "cpu",
+    *,
+    warmup_steps: int = 3,
+    max_warmup_steps: int = 100,
+    steps: int = 10,
+    windows: int = 5,
+    peak_tflops: dict[str, float] | float | None = None,
+    seed: int = 0,
+    profile_steps: int = 0,
+) -> dict[str, Any]:
     """Benchmark one configuration; return a JSON-ready record.
 
     Returns:
@@ -183,11 +202,19 @@ def measure(config: BenchConfig, device: str | torch.device = "cpu", *, warmup_s
         >>> record["warmup"]["steps"] >= 1 + 2 * 2  # at least two timed warm-up windows
         True
     """
-    check_step_counts(warmup_steps=warmup_steps, max_warmup_steps=max_warmup_steps, steps=steps,
-                      windows=windows, profile_steps=profile_steps)
+    check_step_counts(
+        warmup_steps=warmup_steps,
+        max_warmup_steps=max_warmup_steps,
+        steps=steps,
+        windows=windows,
+        profile_steps=profile_steps,
+    )
     device = torch.device(device)
-    record: dict[str, Any] = {"name": config.name, "config": asdict(config),
-                              "tokens_per_step": config.tokens_per_step}
+    record: dict[str, Any] = {
+        "name": config.name,
+        "config": asdict(config),
+        "tokens_per_step": config.tokens_per_step,
+    }
     try:
         precision = Precision.from_name(config.precision, device)
     except PrecisionNotSupportedError as exc:
@@ -199,9 +226,13 @@ def measure(config: BenchConfig, device: str | torch.device = "cpu", *, warmup_s
             model = build_model(config, device)
             gpt = getattr(model, "_orig_mod", model)
             optimizer = build_optimizer(config, model)
-            inputs, targets = synthetic_batch(gpt.config, config.batch_size, config.sequence_length, device)
+            inputs, targets = synthetic_batch(
+                gpt.config, config.batch_size, config.sequence_length, device
+            )
             step = make_train_step(model, optimizer, precision, inputs, targets.contiguous())
-            warmup = warm_up(step, device, min_steps=warmup_steps, window=steps, max_steps=max_warmup_steps)
+            warmup = warm_up(
+                step, device, min_steps=warmup_steps, window=steps, max_steps=max_warmup_steps
+            )
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
                 torch.cuda.reset_peak_memory_stats(device)
@@ -209,7 +240,10 @@ def measure(config: BenchConfig, device: str | torch.device = "cpu", *, warmup_s
             if device.type == "cuda":
                 memory = torch.cuda.max_memory_allocated(device), "torch.cuda.max_memory_allocated"
             elif config.compile == "none":
-                memory = measure_peak_memory(step, gpt, optimizer, [inputs, targets], device), "live storages"
+                memory = (
+                    measure_peak_memory(step, gpt, optimizer, [inputs, targets], device),
+                    "live storages",
+                )
             else:  # compiled kernels allocate outside the dispatcher: nothing to count them with
                 memory = None, "not measured: compiled on a CPU"
             flops_per_token = gpt.flops_per_token(config.sequence_length)
@@ -223,17 +257,30 @@ def measure(config: BenchConfig, device: str | torch.device = "cpu", *, warmup_s
     step_time = spread(per_step)
     tokens_per_s = config.tokens_per_step / step_time["median"]
     return {
-        **record, "status": "ok", "parameters": parameters, "flops_per_token": flops_per_token,
-        "warmup": warmup, "window_step_times_s": per_step, "step_time_s": step_time,
-        "tokens_per_s": tokens_per_s, "peak_flops": peak, "peak_source": peak_source,
+        **record,
+        "status": "ok",
+        "parameters": parameters,
+        "flops_per_token": flops_per_token,
+        "warmup": warmup,
+        "window_step_times_s": per_step,
+        "step_time_s": step_time,
+        "tokens_per_s": tokens_per_s,
+        "peak_flops": peak,
+        "peak_source": peak_source,
         "mfu": mfu(flops_per_token, tokens_per_s, peak) if peak else None,
-        "peak_memory_bytes": memory[0], "memory_method": memory[1],
+        "peak_memory_bytes": memory[0],
+        "memory_method": memory[1],
         **({"profile": breakdown} if breakdown else {}),
     }
 
 
-def recipe_pair(size: str = "tiny", device: str | torch.device = "cpu", batch_size: int = 8,
-                seq_len: int = 0, compile_mode: str = "default") -> tuple[BenchConfig, BenchConfig]:
+def recipe_pair(
+    size: str = "tiny",
+    device: str | torch.device = "cpu",
+    batch_size: int = 8,
+    seq_len: int = 0,
+    compile_mode: str = "default",
+) -> tuple[BenchConfig, BenchConfig]:
     """The plain PyTorch loop a user would write and the project's recipe, on the same shape.
 
     Plain: fp32, eager, foreach AdamW, attention left to torch. Recipe: bf16 autocast,
@@ -246,11 +293,22 @@ def recipe_pair(size: str = "tiny", device: str | torch.device = "cpu", batch_si
         ('fp32', 'bf16', 'fused')
     """
     shape = {"size": size, "batch_size": batch_size, "seq_len": seq_len}
-    plain = BenchConfig(**shape, precision="fp32", compile="none", optimizer="foreach",
-                        label=f"{size} plain PyTorch loop")
+    plain = BenchConfig(
+        **shape,
+        precision="fp32",
+        compile="none",
+        optimizer="foreach",
+        label=f"{size} plain PyTorch loop",
+    )
     attention = "flash" if torch.device(device).type == "cuda" else "auto"
-    recipe = BenchConfig(**shape, precision="bf16", compile=compile_mode, optimizer="fused",
-                         attention=attention, label=f"{size} trainopt recipe")
+    recipe = BenchConfig(
+        **shape,
+        precision="bf16",
+        compile=compile_mode,
+        optimizer="fused",
+        attention=attention,
+        label=f"{size} trainopt recipe",
+    )
     return plain, recipe
 
 
@@ -288,6 +346,7 @@ def _progress(total: int, enabled: bool) -> Iterator[Callable[[str], None]]:
     try:
         from tqdm import tqdm
     except ImportError:  # tqdm is optional: fall back to one line per configuration
+
         def advance(name: str) -> None:
             if enabled:
                 print(f"[bench] done: {name}", file=sys.stderr, flush=True)
@@ -295,6 +354,7 @@ def _progress(total: int, enabled: bool) -> Iterator[Callable[[str], None]]:
         yield advance
         return
     with tqdm(total=total, file=sys.stderr, disable=not enabled, unit="config") as bar:
+
         def advance(name: str) -> None:
             bar.set_postfix_str(name[:40])
             bar.update()
@@ -302,12 +362,24 @@ def _progress(total: int, enabled: bool) -> Iterator[Callable[[str], None]]:
         yield advance
 
 
-def run_matrix(configs: Sequence[BenchConfig], device: str | torch.device | None = None, *,
-               warmup_steps: int = 3, max_warmup_steps: int = 100, steps: int = 10, windows: int = 5,
-               peak_tflops: dict[str, float] | float | None = None, time_budget_s: float | None = None,
-               out: str | os.PathLike | None = None, progress: bool = True, results: Results | None = None,
-               started: float | None = None, profile_steps: int = 0, command: str | None = None,
-               note: str | None = None) -> Results:
+def run_matrix(
+    configs: Sequence[BenchConfig],
+    device: str | torch.device | None = None,
+    *,
+    warmup_steps: int = 3,
+    max_warmup_steps: int = 100,
+    steps: int = 10,
+    windows: int = 5,
+    peak_tflops: dict[str, float] | float | None = None,
+    time_budget_s: float | None = None,
+    out: str | os.PathLike | None = None,
+    progress: bool = True,
+    results: Results | None = None,
+    started: float | None = None,
+    profile_steps: int = 0,
+    command: str | None = None,
+    note: str | None = None,
+) -> Results:
     """Measure ``configs`` one after the other; return (and write to ``out``) the results.
 
     Args:
@@ -333,8 +405,13 @@ def run_matrix(configs: Sequence[BenchConfig], device: str | torch.device | None
         >>> [r["status"] for r in res["results"]], res["kind"], res["meta"]["device"]
         (['ok'], 'bench', 'cpu')
     """
-    check_step_counts(warmup_steps=warmup_steps, max_warmup_steps=max_warmup_steps, steps=steps,
-                      windows=windows, profile_steps=profile_steps)
+    check_step_counts(
+        warmup_steps=warmup_steps,
+        max_warmup_steps=max_warmup_steps,
+        steps=steps,
+        windows=windows,
+        profile_steps=profile_steps,
+    )
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if time_budget_s is not None and not time_budget_s > 0:
         raise ValueError(f"time_budget_s must be positive or None, got {time_budget_s=}")
@@ -342,8 +419,16 @@ def run_matrix(configs: Sequence[BenchConfig], device: str | torch.device | None
         peak_flops_for(device, precision, peak_tflops)  # an unknown GPU fails here, before any run
     started = time.perf_counter() if started is None else started
     if results is None:
-        results = new_results("bench", device, command, note, warmup_steps=warmup_steps,
-                              max_warmup_steps=max_warmup_steps, steps_per_window=steps, windows=windows)
+        results = new_results(
+            "bench",
+            device,
+            command,
+            note,
+            warmup_steps=warmup_steps,
+            max_warmup_steps=max_warmup_steps,
+            steps_per_window=steps,
+            windows=windows,
+        )
         results.update(results=[], goal={"mfu": MFU_GOAL, "size": MFU_GOAL_SIZE})
     durations: dict[str, float] = {}
     for record in results["results"]:
@@ -353,19 +438,36 @@ def run_matrix(configs: Sequence[BenchConfig], device: str | torch.device | None
     with _progress(len(configs), progress) as advance:
         for config in configs:
             elapsed = time.perf_counter() - started
-            estimate = durations.get(config.size, 0.0) * (2 if "max-autotune" in config.compile else 1)
+            estimate = durations.get(config.size, 0.0) * (
+                2 if "max-autotune" in config.compile else 1
+            )
             if time_budget_s is not None and elapsed + estimate > time_budget_s:
-                record = {"name": config.name, "config": asdict(config), "status": "skipped",
-                          "error": f"time budget of {time_budget_s:g} s reached"}
+                record = {
+                    "name": config.name,
+                    "config": asdict(config),
+                    "status": "skipped",
+                    "error": f"time budget of {time_budget_s:g} s reached",
+                }
             else:
                 begin = time.perf_counter()
                 try:
-                    record = measure(config, device, warmup_steps=warmup_steps, max_warmup_steps=max_warmup_steps,
-                                     steps=steps, windows=windows, peak_tflops=peak_tflops,
-                                     profile_steps=profile_steps)
+                    record = measure(
+                        config,
+                        device,
+                        warmup_steps=warmup_steps,
+                        max_warmup_steps=max_warmup_steps,
+                        steps=steps,
+                        windows=windows,
+                        peak_tflops=peak_tflops,
+                        profile_steps=profile_steps,
+                    )
                 except Exception as exc:  # noqa: BLE001 - one failing configuration must not lose the others
-                    record = {"name": config.name, "config": asdict(config), "status": "error",
-                              "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+                    record = {
+                        "name": config.name,
+                        "config": asdict(config),
+                        "status": "error",
+                        "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                    }
                 record["duration_s"] = time.perf_counter() - begin
                 durations[config.size] = max(durations.get(config.size, 0.0), record["duration_s"])
             results["results"].append(record)

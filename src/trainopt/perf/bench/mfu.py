@@ -111,16 +111,23 @@ def parse_peak_tflops(text: str) -> dict[str, float]:
         except ValueError:
             number = 0.0
         if name not in ("", "fp32", "tf32", "bf16", "fp16") or not number > 0:
-            raise ValueError(f"must be a positive TFLOP/s or precision=TFLOP/s pairs "
-                             f"(fp32, tf32, bf16, fp16), got {text!r}")
+            raise ValueError(
+                f"must be a positive TFLOP/s or precision=TFLOP/s pairs "
+                f"(fp32, tf32, bf16, fp16), got {text!r}"
+            )
         peaks[name or "*"] = number
     if not peaks:
         raise ValueError(f"must be a positive TFLOP/s, got {text!r}")
     return peaks
 
 
-def peak_flops_for(device: str | torch.device, precision: str, peak_tflops: Mapping[str, float] | float | None = None,
-               *, device_name: str | None = None) -> tuple[float | None, str]:
+def peak_flops_for(
+    device: str | torch.device,
+    precision: str,
+    peak_tflops: Mapping[str, float] | float | None = None,
+    *,
+    device_name: str | None = None,
+) -> tuple[float | None, str]:
     """The peak FLOP/s that MFU divides by for ``precision`` on ``device``, and its source.
 
     A given ``peak_tflops`` (one number, or a ``{precision: TFLOP/s}`` mapping with ``"*"``
@@ -151,7 +158,9 @@ def peak_flops_for(device: str | torch.device, precision: str, peak_tflops: Mapp
             A100, A10, L4, L40S); give its dense bf16 TFLOP/s
     """
     if precision not in ("fp32", "tf32", "bf16", "fp16"):
-        raise ValueError(f"precision must be one of ['fp32', 'tf32', 'bf16', 'fp16'], got {precision!r}")
+        raise ValueError(
+            f"precision must be one of ['fp32', 'tf32', 'bf16', 'fp16'], got {precision!r}"
+        )
     if peak_tflops is not None:
         given = peak_tflops if isinstance(peak_tflops, Mapping) else {"*": float(peak_tflops)}
         value = given.get(precision, given.get("*"))
@@ -165,7 +174,9 @@ def peak_flops_for(device: str | torch.device, precision: str, peak_tflops: Mapp
     name = device_name if device_name is not None else torch.cuda.get_device_name(device)
     key = device_key(name)
     if key is None:
-        raise ValueError(f"GPU {name!r} is not in the peak table ({', '.join(PEAK_TFLOPS)}); "
-                         f"give its dense {precision} TFLOP/s")
+        raise ValueError(
+            f"GPU {name!r} is not in the peak table ({', '.join(PEAK_TFLOPS)}); "
+            f"give its dense {precision} TFLOP/s"
+        )
     tflops = PEAK_TFLOPS[key][precision]
     return float(round(tflops * 1e12)), f"{key} {precision} dense: {tflops:g} TFLOP/s (data sheet)"

@@ -45,7 +45,9 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def environment(device: str | torch.device, command: str | None = None, note: str | None = None) -> dict[str, Any]:
+def environment(
+    device: str | torch.device, command: str | None = None, note: str | None = None
+) -> dict[str, Any]:
     """The ``meta`` of a results file: hardware, software, date, commit, command and a note.
 
     Example:
@@ -64,7 +66,9 @@ def environment(device: str | torch.device, command: str | None = None, note: st
         "note": note,
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if cuda else _cpu_name(),
-        "device_memory_bytes": torch.cuda.get_device_properties(device).total_memory if cuda else None,
+        "device_memory_bytes": torch.cuda.get_device_properties(device).total_memory
+        if cuda
+        else None,
         "gpu_count": torch.cuda.device_count() if cuda else 0,
         "cpu": _cpu_name(),
         "cpu_count": os.cpu_count(),
@@ -76,8 +80,13 @@ def environment(device: str | torch.device, command: str | None = None, note: st
     }
 
 
-def new_results(kind: str, device: str | torch.device, command: str | None = None,
-                note: str | None = None, **settings: Any) -> Results:
+def new_results(
+    kind: str,
+    device: str | torch.device,
+    command: str | None = None,
+    note: str | None = None,
+    **settings: Any,
+) -> Results:
     """An empty results document of ``kind`` with its ``meta`` and the run's ``settings``.
 
     Example:
@@ -88,7 +97,11 @@ def new_results(kind: str, device: str | torch.device, command: str | None = Non
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
-    return {"schema": SCHEMA, "kind": kind, "meta": {**environment(device, command, note), "settings": settings}}
+    return {
+        "schema": SCHEMA,
+        "kind": kind,
+        "meta": {**environment(device, command, note), "settings": settings},
+    }
 
 
 def write_results(results: Results, out: str | os.PathLike) -> None:
@@ -131,8 +144,10 @@ def read_results(source: str | os.PathLike | Results) -> Results | None:
             return None
         results = json.loads(path.read_text())
     if results.get("schema") != SCHEMA or results.get("kind") not in KINDS:
-        raise ValueError(f"{source if not isinstance(source, dict) else 'results'}: not a results file of schema "
-                         f"{SCHEMA} (kind one of {list(KINDS)}); write it again with python -m trainopt.perf.bench")
+        raise ValueError(
+            f"{source if not isinstance(source, dict) else 'results'}: not a results file of schema "
+            f"{SCHEMA} (kind one of {list(KINDS)}); write it again with python -m trainopt.perf.bench"
+        )
     return results
 
 

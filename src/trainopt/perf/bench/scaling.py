@@ -36,15 +36,25 @@ from trainopt.validation import check_int
 STAND_IN = "{n} gloo processes on a CPU, {threads} thread each, as stand-ins for GPUs"
 
 
-def _windows(size: str, batch_size: int, seq_len: int, steps: int, windows: int, max_warmup_windows: int,
-             threads: int) -> dict[str, Any]:
+def _windows(
+    size: str,
+    batch_size: int,
+    seq_len: int,
+    steps: int,
+    windows: int,
+    max_warmup_windows: int,
+    threads: int,
+) -> dict[str, Any]:
     """One rank's part of :func:`run`; rank 0 returns the times, the others ``{}``."""
     torch.set_num_threads(threads)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     solo = GPT(gpt_config(size))
     shared = wrap_ddp(copy.deepcopy(solo))
-    optimizers = {1: torch.optim.AdamW(solo.parameters()), world: torch.optim.AdamW(shared.parameters())}
+    optimizers = {
+        1: torch.optim.AdamW(solo.parameters()),
+        world: torch.optim.AdamW(shared.parameters()),
+    }
     models = {1: solo, world: shared}
     generator = torch.Generator().manual_seed(rank)
     x, y = synthetic_batch(solo.config, batch_size, seq_len, generator=generator)
@@ -73,18 +83,34 @@ def _windows(size: str, batch_size: int, seq_len: int, steps: int, windows: int,
         dist.broadcast(stable, src=0)
     times: dict[int, list[float | None]] = {1: [], world: []}
     for w in range(windows):
-        for k in ((1, world) if w % 2 == 0 else (world, 1)):
+        for k in (1, world) if w % 2 == 0 else (world, 1):
             times[k].append(window(k))
     if rank != 0:
         return {}
-    return {"warmup": {"windows": len(warm[1]), "steps": 2 * len(warm[1]) * steps, "stable": bool(stable.item()),
-                       "window_s": {str(k): v for k, v in warm.items()}},
-            "window_step_times_s": {str(k): v for k, v in times.items()}}
+    return {
+        "warmup": {
+            "windows": len(warm[1]),
+            "steps": 2 * len(warm[1]) * steps,
+            "stable": bool(stable.item()),
+            "window_s": {str(k): v for k, v in warm.items()},
+        },
+        "window_step_times_s": {str(k): v for k, v in times.items()},
+    }
 
 
-def run(processes: int = 2, size: str = "tiny", batch_size: int = 8, seq_len: int = 64, steps: int = 5,
-        windows: int = 10, max_warmup_windows: int = 20, threads: int = 1, confidence: float = 0.95,
-        command: str | None = None, note: str | None = None) -> Results:
+def run(
+    processes: int = 2,
+    size: str = "tiny",
+    batch_size: int = 8,
+    seq_len: int = 64,
+    steps: int = 5,
+    windows: int = 10,
+    max_warmup_windows: int = 20,
+    threads: int = 1,
+    confidence: float = 0.95,
+    command: str | None = None,
+    note: str | None = None,
+) -> Results:
     """Measure the scaling efficiency of ``processes`` gloo processes on the CPU; return results.
 
     Returns:
@@ -99,20 +125,48 @@ def run(processes: int = 2, size: str = "tiny", batch_size: int = 8, seq_len: in
         >>> results["kind"], sorted(results["tokens_per_s"]), 0 < results["efficiency"]["ratio"] < 2
         ('scaling', ['1', '2'], True)
     """
-    for name, value, least in (("processes", processes, 2), ("batch_size", batch_size, 1), ("seq_len", seq_len, 1),
-                               ("steps", steps, 1), ("windows", windows, 2), ("max_warmup_windows", max_warmup_windows, 2),
-                               ("threads", threads, 1)):
+    for name, value, least in (
+        ("processes", processes, 2),
+        ("batch_size", batch_size, 1),
+        ("seq_len", seq_len, 1),
+        ("steps", steps, 1),
+        ("windows", windows, 2),
+        ("max_warmup_windows", max_warmup_windows, 2),
+        ("threads", threads, 1),
+    ):
         check_int(name, value, least)
     begin = time.perf_counter()
-    raw = launch(_windows, processes, size, batch_size, seq_len, steps, windows, max_warmup_windows, threads,
-                 backend="gloo")[0]
+    raw = launch(
+        _windows,
+        processes,
+        size,
+        batch_size,
+        seq_len,
+        steps,
+        windows,
+        max_warmup_windows,
+        threads,
+        backend="gloo",
+    )[0]
     note = "; ".join(filter(None, [STAND_IN.format(n=processes, threads=threads), note]))
-    results = new_results("scaling", "cpu", command, note, size=size, batch_size=batch_size, seq_len=seq_len,
-                          steps_per_window=steps, windows=windows, threads=threads)
+    results = new_results(
+        "scaling",
+        "cpu",
+        command,
+        note,
+        size=size,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        steps_per_window=steps,
+        windows=windows,
+        threads=threads,
+    )
     times = raw["window_step_times_s"]
     tokens = batch_size * seq_len
     results.update(
-        processes=[1, processes], warmup=raw["warmup"], window_step_times_s=times,
+        processes=[1, processes],
+        warmup=raw["warmup"],
+        window_step_times_s=times,
         tokens_per_s={k: int(k) * tokens / statistics.median(v) for k, v in times.items()},
         efficiency=ratio_of_medians(times["1"], times[str(processes)], confidence=confidence),
     )

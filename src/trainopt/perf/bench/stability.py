@@ -63,15 +63,22 @@ FORMS: dict[str, tuple[str, dict[str, Any]]] = {
     "SGD foreach": ("SGD", {"foreach": True}),
 }
 """Each optimizer form's name → its class in ``torch.optim`` and the keywords picking the form."""
-OPTIMIZER_SETTINGS = {"AdamW": {"lr": 3e-4, "weight_decay": 0.1},
-                      "SGD": {"lr": 0.05, "momentum": 0.9}}
+OPTIMIZER_SETTINGS = {
+    "AdamW": {"lr": 3e-4, "weight_decay": 0.1},
+    "SGD": {"lr": 0.05, "momentum": 0.9},
+}
 MAX_NORM = 1.0  # both steps clip at this norm
 SCHEDULE_STEPS = 100_000  # the cosine schedule's length: its rate changes on every step of a run
 
 
-def bare_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-              compute_loss: Callable[[], torch.Tensor], dtype: torch.dtype | None,
-              scheduler: Any = None, max_norm: float | None = None) -> torch.Tensor:
+def bare_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    compute_loss: Callable[[], torch.Tensor],
+    dtype: torch.dtype | None,
+    scheduler: Any = None,
+    max_norm: float | None = None,
+) -> torch.Tensor:
     """(a) The step with nothing added: autocast forward, backward, clipping, optimizer and scheduler step.
 
     ``max_norm``: clip with :func:`torch.nn.utils.clip_grad_norm_` first (``None``: no clipping).
@@ -102,9 +109,14 @@ def bare_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     return loss.detach()
 
 
-def per_parameter_sync_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                            compute_loss: Callable[[], torch.Tensor], dtype: torch.dtype | None,
-                            history: list[float], max_norm: float = 1.0) -> torch.Tensor:
+def per_parameter_sync_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    compute_loss: Callable[[], torch.Tensor],
+    dtype: torch.dtype | None,
+    history: list[float],
+    max_norm: float = 1.0,
+) -> torch.Tensor:
     """(c) A naive monitored step: one ``.item()`` per parameter, ``loss.item()``, a host overflow test.
 
     Every ``.item()`` waits for the GPU to finish the work queued so far, so the host cannot run
@@ -167,8 +179,14 @@ def build_optimizer(form: str, params: Any) -> torch.optim.Optimizer:
     return getattr(torch.optim, name)(params, **OPTIMIZER_SETTINGS[name], **keywords)
 
 
-def paired_ratios(bare: list[float], stabilized: list[float], *, confidence: float = 0.95,
-                  resamples: int = 4000, seed: int = 0) -> dict[str, Any]:
+def paired_ratios(
+    bare: list[float],
+    stabilized: list[float],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 4000,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Median of the paired window ratios ``stabilized[i] / bare[i]``, its interval and range.
 
     The interval is a percentile bootstrap of the median over the pairs (resampled with the
@@ -186,26 +204,35 @@ def paired_ratios(bare: list[float], stabilized: list[float], *, confidence: flo
     rng = np.random.default_rng(seed)
     medians = np.median(ratios[rng.integers(0, ratios.size, (resamples, ratios.size))], axis=1)
     low, high = np.quantile(medians, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return {"ratio": float(np.median(ratios)), "low": float(low), "high": float(high),
-            "confidence": confidence, "min": float(ratios.min()), "max": float(ratios.max()),
-            "pairs": ratios.tolist()}
+    return {
+        "ratio": float(np.median(ratios)),
+        "low": float(low),
+        "high": float(high),
+        "confidence": confidence,
+        "min": float(ratios.min()),
+        "max": float(ratios.max()),
+        "pairs": ratios.tolist(),
+    }
 
 
-def _alternating_windows(steps: dict[str, Callable[[], Any]], device: torch.device,
-                         steps_per_window: int, windows: int) -> dict[str, list[float]]:
+def _alternating_windows(
+    steps: dict[str, Callable[[], Any]], device: torch.device, steps_per_window: int, windows: int
+) -> dict[str, list[float]]:
     """Milliseconds per step of ``windows`` windows each of bare and stabilized, in the order
     AB BA AB ...: window ``i`` of one is always next to window ``i`` of the other."""
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for window in range(windows):
         order = VARIANTS if window % 2 == 0 else VARIANTS[::-1]
-        for name, per_step in interleaved_windows({n: steps[n] for n in order}, device,
-                                                  steps_per_window, 1).items():
+        for name, per_step in interleaved_windows(
+            {n: steps[n] for n in order}, device, steps_per_window, 1
+        ).items():
             times[name].append(per_step[0] * 1e3)
     return times
 
 
-def _host_reads(step: Callable[[], Any], steps: int, device: torch.device,
-                debug_mode: bool) -> dict[str, Any]:
+def _host_reads(
+    step: Callable[[], Any], steps: int, device: torch.device, debug_mode: bool
+) -> dict[str, Any]:
     """Host reads of ``steps`` steps (:class:`HostSyncCounter`; on CUDA, optionally also under
     ``set_sync_debug_mode("error")``, whose error is returned)."""
     counter, error = HostSyncCounter(), None
@@ -221,53 +248,106 @@ def _host_reads(step: Callable[[], Any], steps: int, device: torch.device,
     finally:
         if debug_mode:
             torch.cuda.set_sync_debug_mode(0)
-    return {"count": counter.count, "per_step": counter.count / steps,
-            "operators": dict(counter.operators), "error": error}
+    return {
+        "count": counter.count,
+        "per_step": counter.count / steps,
+        "operators": dict(counter.operators),
+        "error": error,
+    }
 
 
-def _measure_form(form: str, base: torch.nn.Module, compute: Callable[[torch.nn.Module], Any],
-                  device: torch.device, autocast_dtype: torch.dtype | None, *,
-                  steps_per_window: int, windows: int, warmup_steps: int,
-                  max_warmup_steps: int, check_every: int, sync_steps: int) -> dict[str, Any]:
+def _measure_form(
+    form: str,
+    base: torch.nn.Module,
+    compute: Callable[[torch.nn.Module], Any],
+    device: torch.device,
+    autocast_dtype: torch.dtype | None,
+    *,
+    steps_per_window: int,
+    windows: int,
+    warmup_steps: int,
+    max_warmup_steps: int,
+    check_every: int,
+    sync_steps: int,
+) -> dict[str, Any]:
     models = {name: copy.deepcopy(base) for name in VARIANTS}
     optimizers = {name: build_optimizer(form, m.parameters()) for name, m in models.items()}
-    schedulers = {name: cosine_annealing_schedule(o, total_steps=SCHEDULE_STEPS, warmup_steps=10)
-                  for name, o in optimizers.items()}
-    stabilizer = TrainingStabilizer(models["stabilized"], optimizers["stabilized"],
-                                    schedulers["stabilized"], dtype=autocast_dtype,
-                                    max_grad_norm=MAX_NORM, check_every=check_every)
+    schedulers = {
+        name: cosine_annealing_schedule(o, total_steps=SCHEDULE_STEPS, warmup_steps=10)
+        for name, o in optimizers.items()
+    }
+    stabilizer = TrainingStabilizer(
+        models["stabilized"],
+        optimizers["stabilized"],
+        schedulers["stabilized"],
+        dtype=autocast_dtype,
+        max_grad_norm=MAX_NORM,
+        check_every=check_every,
+    )
     steps = {
-        "bare": lambda: bare_step(models["bare"], optimizers["bare"],
-                                  lambda: compute(models["bare"]), autocast_dtype,
-                                  schedulers["bare"], max_norm=MAX_NORM),
+        "bare": lambda: bare_step(
+            models["bare"],
+            optimizers["bare"],
+            lambda: compute(models["bare"]),
+            autocast_dtype,
+            schedulers["bare"],
+            max_norm=MAX_NORM,
+        ),
         "stabilized": lambda: stabilizer.step(lambda: compute(models["stabilized"])),
     }
-    warmup = {name: warm_up(steps[name], device, min_steps=warmup_steps, window=steps_per_window,
-                            max_steps=max_warmup_steps) for name in VARIANTS}
+    warmup = {
+        name: warm_up(
+            steps[name],
+            device,
+            min_steps=warmup_steps,
+            window=steps_per_window,
+            max_steps=max_warmup_steps,
+        )
+        for name in VARIANTS
+    }
     times = _alternating_windows(steps, device, steps_per_window, windows)
     while stabilizer.steps % check_every + sync_steps >= check_every:
         steps["stabilized"]()  # no boundary among the counted steps: they are the steady state
     reads = {"bare": _host_reads(steps["bare"], sync_steps, device, False)}
-    reads["stabilized"] = _host_reads(steps["stabilized"], sync_steps, device,
-                                      device.type == "cuda" and reads["bare"]["count"] == 0)
+    reads["stabilized"] = _host_reads(
+        steps["stabilized"],
+        sync_steps,
+        device,
+        device.type == "cuda" and reads["bare"]["count"] == 0,
+    )
     name, keywords = FORMS[form]
     settings = {**OPTIMIZER_SETTINGS[name], **keywords}
     return {
-        "form": form, "status": "ok",
+        "form": form,
+        "status": "ok",
         "optimizer": f"{name}({', '.join(f'{k}={v!r}' for k, v in settings.items())})",
-        "warmup": warmup, "window_ms": times,
+        "warmup": warmup,
+        "window_ms": times,
         "ms_per_step": {v: statistics.median(t) for v, t in times.items()},
         "ratio": paired_ratios(times["bare"], times["stabilized"]),
         "host_reads": {"steps": sync_steps, **reads},
     }
 
 
-def run(size: str | None = None, device: str | None = None, batch_size: int | None = None,
-        seq_len: int | None = None, steps_per_window: int = 10, windows: int = 20,
-        warmup_steps: int = 5, max_warmup_steps: int = 100, check_every: int = 100,
-        compile: bool = False, compile_backend: str = "inductor", dtype: str = "bf16",
-        seed: int = 0, forms: list[str] | None = None, sync_steps: int = 20,
-        command: str | None = None, note: str | None = None) -> dict[str, Any]:
+def run(
+    size: str | None = None,
+    device: str | None = None,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    steps_per_window: int = 10,
+    windows: int = 20,
+    warmup_steps: int = 5,
+    max_warmup_steps: int = 100,
+    check_every: int = 100,
+    compile: bool = False,
+    compile_backend: str = "inductor",
+    dtype: str = "bf16",
+    seed: int = 0,
+    forms: list[str] | None = None,
+    sync_steps: int = 20,
+    command: str | None = None,
+    note: str | None = None,
+) -> dict[str, Any]:
     """Time bare and stabilized steps per optimizer form; return a ``"stability"`` results document.
 
     Args:
@@ -305,13 +385,19 @@ def run(size: str | None = None, device: str | None = None, batch_size: int | No
     size = size or ("124m" if device_.type == "cuda" else "tiny")
     if dtype not in ("bf16", "fp32"):
         raise ValueError(f"dtype must be 'bf16' or 'fp32', got {dtype=}")
-    for name, value in (("steps_per_window", steps_per_window), ("windows", windows),
-                        ("max_warmup_steps", max_warmup_steps), ("sync_steps", sync_steps),
-                        ("warmup_steps", warmup_steps + 1)):
+    for name, value in (
+        ("steps_per_window", steps_per_window),
+        ("windows", windows),
+        ("max_warmup_steps", max_warmup_steps),
+        ("sync_steps", sync_steps),
+        ("warmup_steps", warmup_steps + 1),
+    ):
         check_int(name, value, 1)
     if sync_steps >= check_every:
-        raise ValueError(f"sync_steps must be below check_every (steps between boundaries), got "
-                         f"{sync_steps=}, {check_every=}")
+        raise ValueError(
+            f"sync_steps must be below check_every (steps between boundaries), got "
+            f"{sync_steps=}, {check_every=}"
+        )
     forms = list(FORMS) if forms is None else list(forms)
     unknown = [f for f in forms if f not in FORMS]
     if unknown or not forms:
@@ -322,8 +408,9 @@ def run(size: str | None = None, device: str | None = None, batch_size: int | No
     seq_len = seq_len or config.block_size
     torch.manual_seed(seed)
     base = GPT(config).to(device_)
-    x, y = synthetic_batch(config, batch_size, seq_len, device=device_,
-                           generator=torch.Generator().manual_seed(seed))
+    x, y = synthetic_batch(
+        config, batch_size, seq_len, device=device_, generator=torch.Generator().manual_seed(seed)
+    )
     compiled: dict[int, Any] = {}
 
     def compute(model: torch.nn.Module) -> torch.Tensor:
@@ -334,35 +421,63 @@ def run(size: str | None = None, device: str | None = None, batch_size: int | No
     measured = []
     for form in forms:
         try:
-            measured.append(_measure_form(
-                form, base, compute, device_, autocast_dtype, steps_per_window=steps_per_window,
-                windows=windows, warmup_steps=warmup_steps, max_warmup_steps=max_warmup_steps,
-                check_every=check_every, sync_steps=sync_steps))
+            measured.append(
+                _measure_form(
+                    form,
+                    base,
+                    compute,
+                    device_,
+                    autocast_dtype,
+                    steps_per_window=steps_per_window,
+                    windows=windows,
+                    warmup_steps=warmup_steps,
+                    max_warmup_steps=max_warmup_steps,
+                    check_every=check_every,
+                    sync_steps=sync_steps,
+                )
+            )
         except (RuntimeError, ValueError) as exc:  # a form this device or torch lacks
             measured.append({"form": form, "status": "error", "error": str(exc)[:500]})
         compiled.clear()
     ok = [f for f in measured if f["status"] == "ok"]
-    more = [f["form"] for f in ok
-            if f["host_reads"]["stabilized"]["count"] > f["host_reads"]["bare"]["count"]]
-    errors = [f"{f['form']}: {f['host_reads']['stabilized']['error']}" for f in ok
-              if f["host_reads"]["stabilized"]["error"]]
+    more = [
+        f["form"]
+        for f in ok
+        if f["host_reads"]["stabilized"]["count"] > f["host_reads"]["bare"]["count"]
+    ]
+    errors = [
+        f"{f['form']}: {f['host_reads']['stabilized']['error']}"
+        for f in ok
+        if f["host_reads"]["stabilized"]["error"]
+    ]
     cuda = device_.type == "cuda"
     results = new_results("stability", device_, command, note)
-    results.update({
-        "config": {
-            "model": f"GPT {size}", "parameters": base.num_parameters(), "batch_size": batch_size,
-            "seq_len": seq_len, "dtype": dtype, "compile": compile, "max_grad_norm": MAX_NORM,
-            "schedule": f"cosine LambdaLR (cosine_annealing_schedule, {SCHEDULE_STEPS} steps)",
-            "steps_per_window": steps_per_window, "windows": windows, "check_every": check_every,
-            "threads": torch.get_num_threads(),
-        },
-        "forms": measured,
-        "goal_ratio": STABILITY_GOAL_RATIO,
-        "sync_check": {
-            "method": "HostSyncCounter" + (' and torch.cuda.set_sync_debug_mode("error")'
-                                           if cuda else ""),
-            "steps": sync_steps, "more_reads_than_bare": more, "errors": errors,
-            "passed": len(ok) == len(measured) and not more and not errors,
-        },
-    })
+    results.update(
+        {
+            "config": {
+                "model": f"GPT {size}",
+                "parameters": base.num_parameters(),
+                "batch_size": batch_size,
+                "seq_len": seq_len,
+                "dtype": dtype,
+                "compile": compile,
+                "max_grad_norm": MAX_NORM,
+                "schedule": f"cosine LambdaLR (cosine_annealing_schedule, {SCHEDULE_STEPS} steps)",
+                "steps_per_window": steps_per_window,
+                "windows": windows,
+                "check_every": check_every,
+                "threads": torch.get_num_threads(),
+            },
+            "forms": measured,
+            "goal_ratio": STABILITY_GOAL_RATIO,
+            "sync_check": {
+                "method": "HostSyncCounter"
+                + (' and torch.cuda.set_sync_debug_mode("error")' if cuda else ""),
+                "steps": sync_steps,
+                "more_reads_than_bare": more,
+                "errors": errors,
+                "passed": len(ok) == len(measured) and not more and not errors,
+            },
+        }
+    )
     return results

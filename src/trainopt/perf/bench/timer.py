@@ -19,8 +19,12 @@ from trainopt.perf.profiling import StepTimer
 STABLE_WITHIN = 0.10  # two consecutive warm-up windows within 10% of each other: warmed up
 
 
-def interleaved_windows(steps: Mapping[str, Callable[[], Any]], device: str | torch.device,
-                        steps_per_window: int, windows: int) -> dict[str, list[float]]:
+def interleaved_windows(
+    steps: Mapping[str, Callable[[], Any]],
+    device: str | torch.device,
+    steps_per_window: int,
+    windows: int,
+) -> dict[str, list[float]]:
     """Seconds per step of each named step function, in ``windows`` interleaved windows.
 
     Window ``w`` runs every function for ``steps_per_window`` steps, the order rotated by ``w``,
@@ -41,14 +45,19 @@ def interleaved_windows(steps: Mapping[str, Callable[[], Any]], device: str | to
     timers = {name: StepTimer(device, warmup=0) for name in steps}
     names = list(steps)
     for window in range(windows):
-        for name in names[window % len(names):] + names[:window % len(names)]:
+        for name in names[window % len(names) :] + names[: window % len(names)]:
             with timers[name].step():
                 for _ in range(steps_per_window):
                     steps[name]()
-    return {name: [ms / 1e3 / steps_per_window for ms in timer.times_ms()] for name, timer in timers.items()}
+    return {
+        name: [ms / 1e3 / steps_per_window for ms in timer.times_ms()]
+        for name, timer in timers.items()
+    }
 
 
-def time_windows(step: Callable[[], Any], device: str | torch.device, steps: int, windows: int) -> list[float]:
+def time_windows(
+    step: Callable[[], Any], device: str | torch.device, steps: int, windows: int
+) -> list[float]:
     """Seconds per step in each of ``windows`` windows of ``steps`` steps (:func:`interleaved_windows`).
 
     Example:
@@ -60,8 +69,15 @@ def time_windows(step: Callable[[], Any], device: str | torch.device, steps: int
     return interleaved_windows({"step": step}, device, steps, windows)["step"]
 
 
-def warm_up(step: Callable[[], Any], device: str | torch.device, *, min_steps: int, window: int,
-            max_steps: int, tolerance: float = STABLE_WITHIN) -> dict[str, Any]:
+def warm_up(
+    step: Callable[[], Any],
+    device: str | torch.device,
+    *,
+    min_steps: int,
+    window: int,
+    max_steps: int,
+    tolerance: float = STABLE_WITHIN,
+) -> dict[str, Any]:
     """Run ``step`` until its time per step is stable; return how long that took.
 
     First ``min_steps`` untimed steps (``torch.compile`` compiles here), then timed windows of
@@ -90,7 +106,12 @@ def warm_up(step: Callable[[], Any], device: str | torch.device, *, min_steps: i
         times.append(time_windows(step, device, window, 1)[0])
         done += window
         stable = len(times) >= 2 and abs(times[-1] - times[-2]) <= tolerance * min(times[-2:])
-    return {"steps": done, "stable": stable, "window_s": times, "seconds": time.perf_counter() - begin}
+    return {
+        "steps": done,
+        "stable": stable,
+        "window_s": times,
+        "seconds": time.perf_counter() - begin,
+    }
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -106,5 +127,10 @@ def spread(values: Sequence[float]) -> dict[str, float]:
         q1 = q3 = ordered[0]
     else:
         q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
-    return {"median": statistics.median(ordered), "q1": q1, "q3": q3,
-            "min": ordered[0], "max": ordered[-1]}
+    return {
+        "median": statistics.median(ordered),
+        "q1": q1,
+        "q3": q3,
+        "min": ordered[0],
+        "max": ordered[-1],
+    }

@@ -24,8 +24,16 @@ from torch import nn
 
 from trainopt.stability.distributed import broadcast_from_rank0, is_main_process
 
-__all__ = ["GradientScaleError", "any_rank", "broadcast_from_rank0", "check_gradient_scale", "gradient_scale",
-           "is_main_process", "nonfinite_flag", "step_unless_any_rank_nonfinite"]
+__all__ = [
+    "GradientScaleError",
+    "any_rank",
+    "broadcast_from_rank0",
+    "check_gradient_scale",
+    "gradient_scale",
+    "is_main_process",
+    "nonfinite_flag",
+    "step_unless_any_rank_nonfinite",
+]
 
 # ---------------------------------------------------------------------------------------------
 # Loss scale: summed versus averaged
@@ -42,7 +50,9 @@ class GradientScaleError(AssertionError):
     """
 
 
-def gradient_scale(grads: Sequence[torch.Tensor], reference: Sequence[torch.Tensor]) -> tuple[float, float]:
+def gradient_scale(
+    grads: Sequence[torch.Tensor], reference: Sequence[torch.Tensor]
+) -> tuple[float, float]:
     """``(scale, cosine)``: the factor ``s`` minimising ``‖g − s·g_ref‖`` and the cosine of the angle.
 
     Example:
@@ -59,9 +69,15 @@ def gradient_scale(grads: Sequence[torch.Tensor], reference: Sequence[torch.Tens
     return round((dot / ref_sq.clamp_min(1e-300)).item(), 6), round(cosine.item(), 6)
 
 
-def check_gradient_scale(grads: Sequence[torch.Tensor], reference: Sequence[torch.Tensor], *,
-                         world_size: int = 1, local_batch_size: int | None = None,
-                         accumulation_steps: int = 1, rtol: float = 1e-3) -> float:
+def check_gradient_scale(
+    grads: Sequence[torch.Tensor],
+    reference: Sequence[torch.Tensor],
+    *,
+    world_size: int = 1,
+    local_batch_size: int | None = None,
+    accumulation_steps: int = 1,
+    rtol: float = 1e-3,
+) -> float:
     """Check that distributed gradients equal the single-process gradients of the whole batch.
 
     The reference is the gradient of the *mean* loss over the combined batch, computed in one
@@ -92,19 +108,39 @@ def check_gradient_scale(grads: Sequence[torch.Tensor], reference: Sequence[torc
     scale, cosine = gradient_scale(grads, reference)
     if abs(scale - 1.0) <= rtol:
         return scale
-    causes = [(float(local_batch_size or 0), "the loss is summed over the per-rank batch "
-               "(reduction='sum'); average it (reduction='mean') or divide by the local batch size"),
-              (1.0 / world_size, "the gradient of a global sum is averaged over ranks by DDP/FSDP; "
-               "multiply the loss by world_size, or average it instead"),
-              (float(accumulation_steps), "micro-batch losses are not divided by accumulation_steps")]
+    causes = [
+        (
+            float(local_batch_size or 0),
+            "the loss is summed over the per-rank batch "
+            "(reduction='sum'); average it (reduction='mean') or divide by the local batch size",
+        ),
+        (
+            1.0 / world_size,
+            "the gradient of a global sum is averaged over ranks by DDP/FSDP; "
+            "multiply the loss by world_size, or average it instead",
+        ),
+        (float(accumulation_steps), "micro-batch losses are not divided by accumulation_steps"),
+    ]
     if accumulation_steps > 1 and local_batch_size:
-        causes.append((float(local_batch_size * accumulation_steps), "the loss is summed over the "
-                       "per-rank batch and micro-batch losses are not divided by accumulation_steps"))
-    cause = next((text for factor, text in causes
-                  if factor > 0 and factor != 1.0 and abs(scale / factor - 1.0) <= rtol),
-                 "no known cause matches")
+        causes.append(
+            (
+                float(local_batch_size * accumulation_steps),
+                "the loss is summed over the "
+                "per-rank batch and micro-batch losses are not divided by accumulation_steps",
+            )
+        )
+    cause = next(
+        (
+            text
+            for factor, text in causes
+            if factor > 0 and factor != 1.0 and abs(scale / factor - 1.0) <= rtol
+        ),
+        "no known cause matches",
+    )
     direction = "" if cosine > 1 - 1e-3 else f" and point elsewhere (cosine {cosine:.4f})"
-    raise GradientScaleError(f"gradients are {scale:g} × the single-process gradients{direction}: {cause}")
+    raise GradientScaleError(
+        f"gradients are {scale:g} × the single-process gradients{direction}: {cause}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,8 +183,9 @@ def nonfinite_flag(loss: torch.Tensor, parameters: Iterable[nn.Parameter]) -> to
     return ~torch.stack([torch.isfinite(t).all() for t in tensors]).all()
 
 
-def step_unless_any_rank_nonfinite(optimizer: torch.optim.Optimizer, loss: torch.Tensor,
-                                   parameters: Iterable[nn.Parameter]) -> bool:
+def step_unless_any_rank_nonfinite(
+    optimizer: torch.optim.Optimizer, loss: torch.Tensor, parameters: Iterable[nn.Parameter]
+) -> bool:
     """Step the optimizer on every rank, or on none if any rank saw an inf or NaN.
 
     The flag is agreed on the device (:func:`any_rank`); the host then reads that one scalar,

@@ -20,8 +20,9 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 
-def save_sharded(directory: str | os.PathLike, model: nn.Module,
-                 optimizer: torch.optim.Optimizer | None = None) -> None:
+def save_sharded(
+    directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> None:
     """Write the model's (and optimizer's) state to ``directory``, every rank its own shards.
 
     Call it on every rank at the same step. Outside a process group it writes from this one
@@ -49,8 +50,9 @@ def save_sharded(directory: str | os.PathLike, model: nn.Module,
         dcp.save(state, checkpoint_id=directory, no_dist=single_process)
 
 
-def load_sharded(directory: str | os.PathLike, model: nn.Module,
-                 optimizer: torch.optim.Optimizer | None = None) -> None:
+def load_sharded(
+    directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> None:
     """Load a checkpoint of :func:`save_sharded` in place, resharding to this model's layout.
 
     ``model`` (and ``optimizer``) must be built and sharded as they will train; their current
@@ -81,5 +83,9 @@ def load_sharded(directory: str | os.PathLike, model: nn.Module,
     with warnings.catch_warnings():  # DCP warns that it assumes one process: that is the intent
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
         dcp.load(state, checkpoint_id=directory, no_dist=single_process)
-    set_state_dict(model, optimizer or [], model_state_dict=state["model"],
-                   optim_state_dict=state.get("optimizer", {}))
+    set_state_dict(
+        model,
+        optimizer or [],
+        model_state_dict=state["model"],
+        optim_state_dict=state.get("optimizer", {}),
+    )

@@ -49,13 +49,21 @@ from trainopt.perf.distributed.processes import rank_device
 LENGTHS: tuple[int, ...] = (16, 16, 12, 16, 2, 5, 1, 9)
 
 
-def _batches(steps: int, global_batch: int, seq_len: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _batches(
+    steps: int, global_batch: int, seq_len: int, seed: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     config = gpt_config("tiny")
-    return [synthetic_batch(config, global_batch, seq_len, generator=torch.Generator().manual_seed(seed + s))
-            for s in range(steps)]
+    return [
+        synthetic_batch(
+            config, global_batch, seq_len, generator=torch.Generator().manual_seed(seed + s)
+        )
+        for s in range(steps)
+    ]
 
 
-def _local(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _local(
+    batch: tuple[torch.Tensor, torch.Tensor], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     rank, world = dist.get_rank(), dist.get_world_size()
     return tuple(t.chunk(world)[rank].to(device) for t in batch)  # type: ignore[return-value]
 
@@ -71,8 +79,9 @@ def _optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
 
 
-def _reference(batches: Sequence[tuple[torch.Tensor, torch.Tensor]], device: torch.device, seed: int,
-               lr: float) -> GPT:
+def _reference(
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]], device: torch.device, seed: int, lr: float
+) -> GPT:
     """The single-process run: the same model trained on each whole batch."""
     model = _model(device, seed)
     optimizer = _optimizer(model, lr)
@@ -91,11 +100,20 @@ def _max_param_diff(model: nn.Module, reference: nn.Module) -> float:
 def _max_param_change(model: nn.Module, seed: int) -> float:
     """How far training moved the weights: a difference below this means something."""
     start = _model(torch.device("cpu"), seed)
-    return max((r.detach().cpu() - p).abs().max().item() for r, p in zip(model.parameters(), start.parameters()))
+    return max(
+        (r.detach().cpu() - p).abs().max().item()
+        for r, p in zip(model.parameters(), start.parameters())
+    )
 
 
-def _train(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], device: torch.device,
-           lr: float, accumulation_steps: int = 1, sync_every_micro_batch: bool = False) -> None:
+def _train(
+    model: nn.Module,
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    lr: float,
+    accumulation_steps: int = 1,
+    sync_every_micro_batch: bool = False,
+) -> None:
     optimizer = _optimizer(model, lr)
     for batch in batches:
         x, y = _local(batch, device)
@@ -107,8 +125,14 @@ def _train(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]
         optimizer.zero_grad(set_to_none=True)
 
 
-def ddp_check(steps: int = 3, bucket_cap_mb: float = 25.0, seed: int = 0, lr: float = 0.1,
-              gradient_as_bucket_view: bool = True, static_graph: bool = False) -> dict[str, Any]:
+def ddp_check(
+    steps: int = 3,
+    bucket_cap_mb: float = 25.0,
+    seed: int = 0,
+    lr: float = 0.1,
+    gradient_as_bucket_view: bool = True,
+    static_graph: bool = False,
+) -> dict[str, Any]:
     """DDP on each rank's share versus one process on the whole batch: ``max_param_diff``.
 
     Also returns ``max_param_change`` (how far training moved the weights) and
@@ -124,14 +148,21 @@ def ddp_check(steps: int = 3, bucket_cap_mb: float = 25.0, seed: int = 0, lr: fl
     """
     device = rank_device()
     batches = _batches(steps, 8, 16, seed)
-    model = wrap_ddp(_model(device, seed), bucket_cap_mb=bucket_cap_mb,
-                     gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph)
+    model = wrap_ddp(
+        _model(device, seed),
+        bucket_cap_mb=bucket_cap_mb,
+        gradient_as_bucket_view=gradient_as_bucket_view,
+        static_graph=static_graph,
+    )
     counter = CommCounter()
     register_comm_hook(model, "allreduce", counter=counter)
     _train(model, batches, device, lr)
     reference = _reference(batches, device, seed, lr)
-    return {"max_param_diff": _max_param_diff(model.module, reference),
-            "max_param_change": _max_param_change(reference, seed), "allreduce_calls": counter.calls}
+    return {
+        "max_param_diff": _max_param_diff(model.module, reference),
+        "max_param_change": _max_param_change(reference, seed),
+        "allreduce_calls": counter.calls,
+    }
 
 
 def fsdp_check(steps: int = 3, seed: int = 0, lr: float = 0.1) -> dict[str, Any]:
@@ -156,21 +187,32 @@ def fsdp_check(steps: int = 3, seed: int = 0, lr: float = 0.1) -> dict[str, Any]
     device = rank_device()
     batches = _batches(steps, 8, 16, seed)
     reference = _reference(batches, device, seed, lr)
-    hsdp = init_device_mesh(device.type, (dist.get_world_size(), 1), mesh_dim_names=("replicate", "shard"))
+    hsdp = init_device_mesh(
+        device.type, (dist.get_world_size(), 1), mesh_dim_names=("replicate", "shard")
+    )
     result = {}
     for key, param_dtype, reduce_dtype, mesh in (
-            ("max_param_diff", None, None, None), ("max_param_diff_bf16", torch.bfloat16, None, None),
-            ("max_param_diff_bf16_fp32_reduce", torch.bfloat16, torch.float32, None),
-            ("max_param_diff_hsdp", None, None, hsdp)):
+        ("max_param_diff", None, None, None),
+        ("max_param_diff_bf16", torch.bfloat16, None, None),
+        ("max_param_diff_bf16_fp32_reduce", torch.bfloat16, torch.float32, None),
+        ("max_param_diff_hsdp", None, None, hsdp),
+    ):
         model = _model(device, seed)
-        shard_model(model, model.blocks, param_dtype=param_dtype, reduce_dtype=reduce_dtype, mesh=mesh)
+        shard_model(
+            model, model.blocks, param_dtype=param_dtype, reduce_dtype=reduce_dtype, mesh=mesh
+        )
         _train(model, batches, device, lr)
         result[key] = _max_param_diff(model, reference)
     return result
 
 
-def accumulation_check(accumulation_steps: int = 4, steps: int = 2, seed: int = 0,
-                       lr: float = 0.1, sharded: bool = False) -> dict[str, Any]:
+def accumulation_check(
+    accumulation_steps: int = 4,
+    steps: int = 2,
+    seed: int = 0,
+    lr: float = 0.1,
+    sharded: bool = False,
+) -> dict[str, Any]:
     """Accumulation over micro-batches versus the full batch, with and without ``no_sync``.
 
     Returns ``max_param_diff`` (accumulating with communication only on the last micro-batch,
@@ -197,7 +239,9 @@ def accumulation_check(accumulation_steps: int = 4, steps: int = 2, seed: int = 
     for every_micro_batch in (False, True):
         model, counter = wrap_ddp(_model(device, seed)), CommCounter()
         register_comm_hook(model, "allreduce", counter=counter)
-        _train(model, batches, device, lr, accumulation_steps, sync_every_micro_batch=every_micro_batch)
+        _train(
+            model, batches, device, lr, accumulation_steps, sync_every_micro_batch=every_micro_batch
+        )
         key = "every_micro_batch" if every_micro_batch else "no_sync"
         result[f"allreduce_calls_{key}"] = counter.calls
         result[f"max_param_diff_{key}"] = _max_param_diff(model.module, reference)
@@ -230,8 +274,9 @@ def summed_loss_check(seed: int = 0) -> dict[str, Any]:
     reference_grads = [p.grad for p in reference.parameters()]
     scale, _ = gradient_scale(grads, reference_grads)
     try:
-        check_gradient_scale(grads, reference_grads, world_size=dist.get_world_size(),
-                             local_batch_size=y.numel())
+        check_gradient_scale(
+            grads, reference_grads, world_size=dist.get_world_size(), local_batch_size=y.numel()
+        )
         error = ""
     except GradientScaleError as exc:
         error = str(exc)
@@ -272,17 +317,20 @@ def sharded_checkpoint_check(directory: str, steps: int = 2, seed: int = 0) -> d
     saved = full_tensors(p.detach() for p in model.parameters())
     loaded = full_tensors(p.detach() for p in resumed.parameters())
     step = next(iter(resumed_optimizer.state.values()))["step"]
-    return {"max_param_diff": max((a - b).abs().max().item() for a, b in zip(saved, loaded)),
-            "resumed_step": float(full_tensors([step])[0]),
-            "weights": {name: t.cpu() for name, t in zip(names, saved)}}
+    return {
+        "max_param_diff": max((a - b).abs().max().item() for a, b in zip(saved, loaded)),
+        "resumed_step": float(full_tensors([step])[0]),
+        "weights": {name: t.cpu() for name, t in zip(names, saved)},
+    }
 
 
 def _flat_grad(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
 
 
-def token_loss_check(accumulation_steps: int = 2, seed: int = 0,
-                     lengths: Sequence[int] = LENGTHS) -> dict[str, Any]:
+def token_loss_check(
+    accumulation_steps: int = 2, seed: int = 0, lengths: Sequence[int] = LENGTHS
+) -> dict[str, Any]:
     """Padded sequences of different lengths: mean losses per rank or micro-batch against the token mean.
 
     Sequence ``i`` of the batch counts its first ``lengths[i]`` targets; the rest are
@@ -329,8 +377,9 @@ def token_loss_check(accumulation_steps: int = 2, seed: int = 0,
     return result
 
 
-def rank_consistent_skip_check(steps: int = 3, bad_rank: int = 1, bad_step: int = 1,
-                               seed: int = 0) -> dict[str, Any]:
+def rank_consistent_skip_check(
+    steps: int = 3, bad_rank: int = 1, bad_step: int = 1, seed: int = 0
+) -> dict[str, Any]:
     """Rank ``bad_rank`` sees a NaN loss at ``bad_step``; each rank decides whether to skip it.
 
     Runs three times: ``"agreed"``, where the decision is
@@ -363,7 +412,9 @@ def rank_consistent_skip_check(steps: int = 3, bad_rank: int = 1, bad_step: int 
             local = ~torch.isfinite(loss)
             local_flags.append(bool(local.item()))
             if mode == "helper":
-                decisions.append(not step_unless_any_rank_nonfinite(optimizer, loss, model.parameters()))
+                decisions.append(
+                    not step_unless_any_rank_nonfinite(optimizer, loss, model.parameters())
+                )
             else:
                 skip = any_rank(local) if mode == "agreed" else local
                 decisions.append(bool(skip.item()))

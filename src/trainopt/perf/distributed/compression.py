@@ -19,8 +19,12 @@ from trainopt.perf.distributed.processes import rank_device
 MEASURED_HOOKS: tuple[str, ...] = ("allreduce", "fp16", "bf16", "powersgd:1", "powersgd:4")
 
 
-def compression_check(hooks: Sequence[str] = MEASURED_HOOKS, iterations: int = 8, seed: int = 0,
-                      start_powersgd_iter: int = 2) -> dict[str, Any]:
+def compression_check(
+    hooks: Sequence[str] = MEASURED_HOOKS,
+    iterations: int = 8,
+    seed: int = 0,
+    start_powersgd_iter: int = 2,
+) -> dict[str, Any]:
     """Relative gradient error ``‖g_hook − g_exact‖ / ‖g_exact‖`` of DDP hooks, per iteration.
 
     Weights stay fixed; each iteration is a new batch. The exact gradient is the single-process
@@ -42,8 +46,10 @@ def compression_check(hooks: Sequence[str] = MEASURED_HOOKS, iterations: int = 8
         (True, True)
     """
     if any(h.startswith("powersgd") for h in hooks) and iterations <= start_powersgd_iter:
-        raise ValueError(f"iterations must exceed start_powersgd_iter to measure PowerSGD, got "
-                         f"{iterations=}, {start_powersgd_iter=}")
+        raise ValueError(
+            f"iterations must exceed start_powersgd_iter to measure PowerSGD, got "
+            f"{iterations=}, {start_powersgd_iter=}"
+        )
     device = rank_device()
     batches = _batches(iterations, 8, 16, seed)
     reference = _model(device, seed)
@@ -57,8 +63,9 @@ def compression_check(hooks: Sequence[str] = MEASURED_HOOKS, iterations: int = 8
         name, _, rank = spec.partition(":")
         model = wrap_ddp(_model(device, seed))
         try:
-            state = register_comm_hook(model, name, powersgd_rank=int(rank or 1),
-                                       start_powersgd_iter=start_powersgd_iter)
+            state = register_comm_hook(
+                model, name, powersgd_rank=int(rank or 1), start_powersgd_iter=start_powersgd_iter
+            )
         except ValueError as exc:
             result[spec] = {"unsupported": str(exc)}
             continue
@@ -78,7 +85,11 @@ def compression_check(hooks: Sequence[str] = MEASURED_HOOKS, iterations: int = 8
             sent = after / before
         else:
             sent = 0.5 if name in ("fp16", "bf16") else 1.0  # bytes: 2 per element instead of 4
-        result[spec] = {"errors": errors, "mean": sum(errors) / len(errors), "max": max(errors),
-                        "cumulative": ((got_sum - exact_sum).norm() / exact_sum.norm()).item(),
-                        "sent_fraction": sent}
+        result[spec] = {
+            "errors": errors,
+            "mean": sum(errors) / len(errors),
+            "max": max(errors),
+            "cumulative": ((got_sum - exact_sum).norm() / exact_sum.norm()).item(),
+            "sent_fraction": sent,
+        }
     return result

@@ -17,8 +17,13 @@ from torch.nn.parallel import DistributedDataParallel
 COMM_HOOKS: tuple[str, ...] = ("allreduce", "fp16", "bf16", "powersgd")
 
 
-def wrap_ddp(model: nn.Module, *, bucket_cap_mb: float = 25.0, gradient_as_bucket_view: bool = True,
-             static_graph: bool = False) -> DistributedDataParallel:
+def wrap_ddp(
+    model: nn.Module,
+    *,
+    bucket_cap_mb: float = 25.0,
+    gradient_as_bucket_view: bool = True,
+    static_graph: bool = False,
+) -> DistributedDataParallel:
     """Wrap ``model`` (already on this rank's device) in ``DistributedDataParallel``.
 
     Args:
@@ -110,9 +115,14 @@ def backend_reduces_dtype(dtype: torch.dtype, device: torch.device | str = "cpu"
     return True
 
 
-def register_comm_hook(model: DistributedDataParallel, name: str = "allreduce", *,
-                       counter: CommCounter | None = None, powersgd_rank: int = 1,
-                       start_powersgd_iter: int = 2) -> Any:
+def register_comm_hook(
+    model: DistributedDataParallel,
+    name: str = "allreduce",
+    *,
+    counter: CommCounter | None = None,
+    powersgd_rank: int = 1,
+    start_powersgd_iter: int = 2,
+) -> Any:
     """Register one of torch's DDP communication hooks by name, optionally counting calls.
 
     Args:
@@ -147,28 +157,41 @@ def register_comm_hook(model: DistributedDataParallel, name: str = "allreduce", 
     """
     if name not in COMM_HOOKS:
         raise ValueError(f"name must be one of {list(COMM_HOOKS)}, got {name=}")
-    hooks = {"allreduce": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
-             "bf16": default_hooks.bf16_compress_hook, "powersgd": powerSGD_hook.powerSGD_hook}
+    hooks = {
+        "allreduce": default_hooks.allreduce_hook,
+        "fp16": default_hooks.fp16_compress_hook,
+        "bf16": default_hooks.bf16_compress_hook,
+        "powersgd": powerSGD_hook.powerSGD_hook,
+    }
     state: Any = None
     if name == "bf16" and dist.get_backend() not in ("nccl", "xccl"):
         # DDP itself checks the build (CUDA with NCCL >= 2.10, or XPU with XCCL), not the group's
         # backend; trainopt refuses other backends so a run behaves the same on every build.
-        raise ValueError(f"name='bf16' needs the NCCL (or XCCL) backend, got {dist.get_backend()!r}; "
-                         "use 'allreduce', 'fp16' or 'powersgd'")
+        raise ValueError(
+            f"name='bf16' needs the NCCL (or XCCL) backend, got {dist.get_backend()!r}; "
+            "use 'allreduce', 'fp16' or 'powersgd'"
+        )
     device = next(model.parameters()).device
     if name == "fp16" and not backend_reduces_dtype(torch.float16, device):
-        raise ValueError(f"the {dist.get_backend()!r} backend can't all-reduce float16 on "
-                         f"{device.type} in torch {torch.__version__}, so name='fp16' can't run "
-                         "here; use 'allreduce' or 'powersgd'")
+        raise ValueError(
+            f"the {dist.get_backend()!r} backend can't all-reduce float16 on "
+            f"{device.type} in torch {torch.__version__}, so name='fp16' can't run "
+            "here; use 'allreduce' or 'powersgd'"
+        )
     if name == "powersgd":
         state = powerSGD_hook.PowerSGDState(
-            process_group=None, matrix_approximation_rank=powersgd_rank,
-            start_powerSGD_iter=start_powersgd_iter, use_error_feedback=True, warm_start=True)
+            process_group=None,
+            matrix_approximation_rank=powersgd_rank,
+            start_powerSGD_iter=start_powersgd_iter,
+            use_error_feedback=True,
+            warm_start=True,
+        )
     if counter is None:
         model.register_comm_hook(state, hooks[name])
     else:
-        model.register_comm_hook(SimpleNamespace(hook=hooks[name], inner=state, counter=counter),
-                                 _counting_hook)
+        model.register_comm_hook(
+            SimpleNamespace(hook=hooks[name], inner=state, counter=counter), _counting_hook
+        )
     return state
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from torch import nn
+
 from trainopt.validation import check_int
 
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
@@ -31,9 +32,11 @@ def load_fsdp2() -> Any:
     for module_name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
         try:
             module = importlib.import_module(module_name)
-            return SimpleNamespace(fully_shard=module.fully_shard,
-                                   MixedPrecisionPolicy=module.MixedPrecisionPolicy,
-                                   FSDPModule=module.FSDPModule)
+            return SimpleNamespace(
+                fully_shard=module.fully_shard,
+                MixedPrecisionPolicy=module.MixedPrecisionPolicy,
+                FSDPModule=module.FSDPModule,
+            )
         except (ImportError, AttributeError):
             continue
     raise ImportError(f"FSDP2 (fully_shard) needs torch >= 2.4, this is torch {torch.__version__}")
@@ -55,10 +58,15 @@ def fsdp2_available() -> bool:
     return True
 
 
-def shard_model(model: nn.Module, blocks: Iterable[nn.Module], *,
-                param_dtype: torch.dtype | None = None,
-                reduce_dtype: torch.dtype | None = None, reshard_after_forward: bool = True,
-                mesh: Any = None) -> nn.Module:
+def shard_model(
+    model: nn.Module,
+    blocks: Iterable[nn.Module],
+    *,
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
+    reshard_after_forward: bool = True,
+    mesh: Any = None,
+) -> nn.Module:
     """Shard ``model`` with FSDP2: each block first, then the root for what is left.
 
     Each ``fully_shard(block)`` makes the block one communication unit: its parameters are
@@ -97,7 +105,9 @@ def shard_model(model: nn.Module, blocks: Iterable[nn.Module], *,
     fsdp = load_fsdp2()
     policy = fsdp.MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for module in [*blocks, model]:
-        fsdp.fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fsdp.fully_shard(
+            module, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward
+        )
     return model
 
 
@@ -113,8 +123,15 @@ def full_tensors(tensors: Iterable[torch.Tensor | None]) -> list[torch.Tensor | 
     return [t.full_tensor() if hasattr(t, "full_tensor") else t for t in tensors]
 
 
-def memory_per_rank(n_params: float, world_size: int, stage: int, *, param_bytes: float = 2,
-                    grad_bytes: float = 2, optimizer_bytes: float = 12) -> dict[str, float]:
+def memory_per_rank(
+    n_params: float,
+    world_size: int,
+    stage: int,
+    *,
+    param_bytes: float = 2,
+    grad_bytes: float = 2,
+    optimizer_bytes: float = 12,
+) -> dict[str, float]:
     """Bytes of weights, gradients and optimizer state per rank under ZeRO stage 0-3.
 
     Stage 0 is DDP (everything replicated); stage 1 shards the optimizer state, stage 2 also
@@ -134,8 +151,12 @@ def memory_per_rank(n_params: float, world_size: int, stage: int, *, param_bytes
     weights = n_params * param_bytes * (shard if stage >= 3 else 1.0)
     grads = n_params * grad_bytes * (shard if stage >= 2 else 1.0)
     optimizer = n_params * optimizer_bytes * (shard if stage >= 1 else 1.0)
-    return {"weights": weights, "gradients": grads, "optimizer": optimizer,
-            "total": weights + grads + optimizer}
+    return {
+        "weights": weights,
+        "gradients": grads,
+        "optimizer": optimizer,
+        "total": weights + grads + optimizer,
+    }
 
 
 def memory_table(n_params: float = 350e6, world_size: int = 8) -> str:
@@ -147,10 +168,15 @@ def memory_table(n_params: float = 350e6, world_size: int = 8) -> str:
         | DDP (stage 0) | 1.86 GiB | 1.86 GiB | 11.18 GiB | 14.90 GiB |
     """
     names = {0: "DDP (stage 0)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3 / FSDP"}
-    lines = [f"| {n_params / 1e6:.0f}M parameters, {world_size} ranks | weights | gradients | "
-             "optimizer | total |", "| --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"| {n_params / 1e6:.0f}M parameters, {world_size} ranks | weights | gradients | "
+        "optimizer | total |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
     for stage, name in names.items():
         m = {k: v / 2**30 for k, v in memory_per_rank(n_params, world_size, stage).items()}
-        lines.append(f"| {name} | {m['weights']:.2f} GiB | {m['gradients']:.2f} GiB | "
-                     f"{m['optimizer']:.2f} GiB | {m['total']:.2f} GiB |")
+        lines.append(
+            f"| {name} | {m['weights']:.2f} GiB | {m['gradients']:.2f} GiB | "
+            f"{m['optimizer']:.2f} GiB | {m['total']:.2f} GiB |"
+        )
     return "\n".join(lines)

@@ -18,8 +18,9 @@ import torch.nn.functional as F
 IGNORE_INDEX = -100
 
 
-def global_token_count(targets: torch.Tensor | Iterable[torch.Tensor],
-                       ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+def global_token_count(
+    targets: torch.Tensor | Iterable[torch.Tensor], ignore_index: int = IGNORE_INDEX
+) -> torch.Tensor:
     """The counted targets of one optimizer step: every micro-batch of every rank.
 
     Pass the targets of all the micro-batches this rank accumulates into one step. The count
@@ -50,8 +51,12 @@ def global_token_count(targets: torch.Tensor | Iterable[torch.Tensor],
     return count
 
 
-def token_normalized_loss(logits: torch.Tensor, targets: torch.Tensor, global_tokens: torch.Tensor | int,
-                          ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+def token_normalized_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    global_tokens: torch.Tensor | int,
+    ignore_index: int = IGNORE_INDEX,
+) -> torch.Tensor:
     """Cross-entropy of one micro-batch, summed and divided by the global batch's token count.
 
     DDP and FSDP average gradients over the ranks, so the sum is also multiplied by the world
@@ -81,8 +86,12 @@ def token_normalized_loss(logits: torch.Tensor, targets: torch.Tensor, global_to
         >>> torch.allclose(sum(parts), mean)
         True
     """
-    total = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
-                            ignore_index=ignore_index, reduction="sum")
+    total = F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)),
+        targets.reshape(-1),
+        ignore_index=ignore_index,
+        reduction="sum",
+    )
     world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if isinstance(global_tokens, torch.Tensor):
         global_tokens = global_tokens.clamp_min(1)  # a step with no counted token has gradient 0

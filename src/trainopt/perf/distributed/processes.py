@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
 from trainopt.validation import check_int
 
 
@@ -64,7 +65,11 @@ def default_backend(nprocs: int) -> str:
         >>> default_backend(1) in ("gloo", "nccl")
         True
     """
-    if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs and dist.is_nccl_available():
+    if (
+        torch.cuda.is_available()
+        and torch.cuda.device_count() >= nprocs
+        and dist.is_nccl_available()
+    ):
         return "nccl"
     return "gloo"
 
@@ -179,14 +184,28 @@ def _start_method() -> str:
     return "forkserver"
 
 
-def _run_rank(rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, port: int,
-              backend: str, out_dir: str, collective_timeout: float, environ: dict[str, str]) -> None:
+def _run_rank(
+    rank: int,
+    fn: Callable[..., Any],
+    args: tuple,
+    nprocs: int,
+    port: int,
+    backend: str,
+    out_dir: str,
+    collective_timeout: float,
+    environ: dict[str, str],
+) -> None:
     # The caller's environment as it is now (a forkserver's ranks would otherwise see the
     # environment from when the server started).
     os.environ.clear()
     os.environ.update(environ)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(nprocs),
+    )
     if hasattr(signal, "SIGUSR1"):  # launch asks a rank that is late where it is
         stack = (Path(out_dir) / f"rank{rank}.stack").open("w")
         faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True)
@@ -199,7 +218,9 @@ def _run_rank(rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, port:
         dist.barrier()  # leave together: a rank that tears down early can abort a peer's gloo
     except BaseException:
         # Other ranks fail next (a peer vanished mid-collective): keep the time to find the first.
-        (Path(out_dir) / f"rank{rank}.error").write_text(f"{time.time()!r}\n{traceback.format_exc()}")
+        (Path(out_dir) / f"rank{rank}.error").write_text(
+            f"{time.time()!r}\n{traceback.format_exc()}"
+        )
         raise
     finally:
         dist.destroy_process_group()
@@ -216,7 +237,9 @@ def _first_error(out_dir: str) -> WorkerError | None:
     _, rank, message = errors[0]
     # a peer that vanished mid-collective fails its partners within milliseconds, so the first
     # stamp is not always the cause: every other rank's last line goes along
-    others = [f"rank {r}: {m.strip().splitlines()[-1] if m.strip() else '?'}" for _, r, m in errors[1:]]
+    others = [
+        f"rank {r}: {m.strip().splitlines()[-1] if m.strip() else '?'}" for _, r, m in errors[1:]
+    ]
     if others:
         message = message.rstrip("\n") + "\nother ranks failed too:\n" + "\n".join(others) + "\n"
     return WorkerError(rank, message)
@@ -245,8 +268,14 @@ def _stop_late(context: Any, out_dir: str, timeout: float) -> WorkerTimeoutError
     return WorkerTimeoutError(late, timeout, stacks)
 
 
-def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None = None,
-           timeout: float | None = 3600.0, collective_timeout: float = 60.0) -> list[Any]:
+def launch(
+    fn: Callable[..., Any],
+    nprocs: int,
+    *args: Any,
+    backend: str | None = None,
+    timeout: float | None = 3600.0,
+    collective_timeout: float = 60.0,
+) -> list[Any]:
     """Run ``fn(*args)`` on ``nprocs`` local processes joined in one process group, by a deadline.
 
     Each process gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
@@ -290,20 +319,38 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None 
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {backend=}")
     if backend == "nccl" and torch.cuda.device_count() < nprocs:
-        raise ValueError(f"backend='nccl' needs one GPU per process: {nprocs=}, "
-                         f"{torch.cuda.device_count()} visible")
+        raise ValueError(
+            f"backend='nccl' needs one GPU per process: {nprocs=}, "
+            f"{torch.cuda.device_count()} visible"
+        )
     for name, value in (("timeout", timeout), ("collective_timeout", collective_timeout)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+        ):
             raise ValueError(f"{name} must be a positive number of seconds, got {name}={value!r}")
     deadline = None if timeout is None else time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="trainopt-launch-") as out_dir:
         try:
             context = mp.start_processes(
-                _run_rank, args=(fn, args, nprocs, free_port(), backend, out_dir, float(collective_timeout),
-                                 dict(os.environ)),
-                nprocs=nprocs, join=False, start_method=_start_method())
-            while not context.join(None if deadline is None else max(0.0, deadline - time.monotonic()),
-                                   grace_period=5.0):
+                _run_rank,
+                args=(
+                    fn,
+                    args,
+                    nprocs,
+                    free_port(),
+                    backend,
+                    out_dir,
+                    float(collective_timeout),
+                    dict(os.environ),
+                ),
+                nprocs=nprocs,
+                join=False,
+                start_method=_start_method(),
+            )
+            while not context.join(
+                None if deadline is None else max(0.0, deadline - time.monotonic()),
+                grace_period=5.0,
+            ):
                 if deadline is not None and time.monotonic() >= deadline:
                     raise _stop_late(context, out_dir, timeout)
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
@@ -311,7 +358,9 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None 
             finished = all((Path(out_dir) / f"rank{r}.pt").exists() for r in range(nprocs))
             if error is not None or not finished:
                 raise error or WorkerError(exc.error_index, str(exc)) from None
-            warnings.warn(f"every rank returned its result, then: {exc}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"every rank returned its result, then: {exc}", RuntimeWarning, stacklevel=2
+            )
         return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=True) for r in range(nprocs)]
 
 

@@ -32,18 +32,32 @@ def tensor_parallel_mlp_check(width: int = 16, seed: int = 0) -> dict[str, Any]:
         True
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     mesh = init_device_mesh(device, (dist.get_world_size(),))
     torch.manual_seed(seed)  # the same weights and batch on every rank
-    whole = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)).to(device)
-    split = parallelize_module(copy.deepcopy(whole), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    whole = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)).to(
+        device
+    )
+    split = parallelize_module(
+        copy.deepcopy(whole), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()}
+    )
     x = torch.randn(8, width, device=device)
     expected, out = whole(x), split(x)
     expected.square().sum().backward()
     out.square().sum().backward()
-    grad_diff = max((a.grad - b.grad.full_tensor()).abs().max().item()
-                    for a, b in zip(whole.parameters(), split.parameters()))
-    return {"fc_shard": list(split[0].weight.to_local().shape), "proj_shard": list(split[2].weight.to_local().shape),
-            "max_output_diff": (out - expected).abs().max().item(), "max_grad_diff": grad_diff}
+    grad_diff = max(
+        (a.grad - b.grad.full_tensor()).abs().max().item()
+        for a, b in zip(whole.parameters(), split.parameters())
+    )
+    return {
+        "fc_shard": list(split[0].weight.to_local().shape),
+        "proj_shard": list(split[2].weight.to_local().shape),
+        "max_output_diff": (out - expected).abs().max().item(),
+        "max_grad_diff": grad_diff,
+    }

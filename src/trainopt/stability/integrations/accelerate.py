@@ -25,8 +25,14 @@ from trainopt.stability.integrations.guard import GuardedOptimizer
 __all__ = ["prepare"]
 
 
-def prepare(accelerator: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
-            *others: Any, **options: Any) -> tuple[Any, ...]:
+def prepare(
+    accelerator: Any,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any = None,
+    *others: Any,
+    **options: Any,
+) -> tuple[Any, ...]:
     """``accelerator.prepare(model, guarded, guarded.scheduler, *others)`` with the optimizer guarded.
 
     Args:

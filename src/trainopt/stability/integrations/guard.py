@@ -149,17 +149,35 @@ class GuardedOptimizer(CoreView, torch.optim.Optimizer):
     """
 
     def __init__(  # noqa: PLR0913 - the loop's settings, each with a default
-        self, optimizer: torch.optim.Optimizer, scheduler: Any = None, *,
-        model: torch.nn.Module | None = None, checkpoint_dir: str | Path | None = None,
-        check_every: int = 100, max_grad_norm: float | None = None,
-        detection: Detection | None = None, rollback: Rollback | None = None,
-        process_group: Any = None, **deprecated: Any,
+        self,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any = None,
+        *,
+        model: torch.nn.Module | None = None,
+        checkpoint_dir: str | Path | None = None,
+        check_every: int = 100,
+        max_grad_norm: float | None = None,
+        detection: Detection | None = None,
+        rollback: Rollback | None = None,
+        process_group: Any = None,
+        **deprecated: Any,
     ) -> None:
-        self.detection, self.rollback = grouped_settings("GuardedOptimizer", detection, rollback,
-                                                         deprecated)
-        check_settings(model, [optimizer], [scheduler], dtype=None, scaler=None,
-                       check_every=check_every, accumulate=1, max_grad_norm=max_grad_norm,
-                       checkpoint_dir=checkpoint_dir, rollback=None, recovery=None)
+        self.detection, self.rollback = grouped_settings(
+            "GuardedOptimizer", detection, rollback, deprecated
+        )
+        check_settings(
+            model,
+            [optimizer],
+            [scheduler],
+            dtype=None,
+            scaler=None,
+            check_every=check_every,
+            accumulate=1,
+            max_grad_norm=max_grad_norm,
+            checkpoint_dir=checkpoint_dir,
+            rollback=None,
+            recovery=None,
+        )
         if checkpoint_dir is not None and model is None:
             raise ValueError("checkpoint_dir= needs model= (a rollback restores the model)")
         self.optimizer, self.model = optimizer, model
@@ -167,15 +185,32 @@ class GuardedOptimizer(CoreView, torch.optim.Optimizer):
         self.defaults = optimizer.defaults
         recovery = None
         if checkpoint_dir is not None:
-            recovery = build_recovery(self.rollback, model, optimizer, checkpoint_dir, check_every=check_every,
-                                              scheduler=scheduler)
+            recovery = build_recovery(
+                self.rollback,
+                model,
+                optimizer,
+                checkpoint_dir,
+                check_every=check_every,
+                scheduler=scheduler,
+            )
         checker = build_checker(self.detection, optimizer, check_every, process_group)
         self.core = GuardedUpdate(
-            model, [optimizer], [scheduler], checker=checker, recovery=recovery, check_every=check_every,
-            max_grad_norm=max_grad_norm, skip_unstable=self.detection.skip_unstable,
+            model,
+            [optimizer],
+            [scheduler],
+            checker=checker,
+            recovery=recovery,
+            check_every=check_every,
+            max_grad_norm=max_grad_norm,
+            skip_unstable=self.detection.skip_unstable,
             process_group=process_group,
-            trajectory=lambda mode: {"guard": _Trajectory(self, trajectory_only=mode == "rollback")})
-        self.scheduler = WindowScheduler(self, None if is_metric_scheduler(scheduler) else scheduler)
+            trajectory=lambda mode: {
+                "guard": _Trajectory(self, trajectory_only=mode == "rollback")
+            },
+        )
+        self.scheduler = WindowScheduler(
+            self, None if is_metric_scheduler(scheduler) else scheduler
+        )
         self.metric_scheduler = scheduler if is_metric_scheduler(scheduler) else None
         self._loss_sum: torch.Tensor | None = None
         self._loss_count = 0
@@ -193,6 +228,7 @@ class GuardedOptimizer(CoreView, torch.optim.Optimizer):
         The hook also copies the model's buffers before a step's first training forward pass, so
         a skipped step puts BatchNorm's running statistics back.
         """
+
         def before(module: torch.nn.Module, args: Any) -> None:
             if module.training and torch.is_grad_enabled() and module is self.core.model:
                 self.core.take_buffers()
@@ -201,6 +237,7 @@ class GuardedOptimizer(CoreView, torch.optim.Optimizer):
             loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
             if module.training and torch.is_grad_enabled() and torch.is_tensor(loss):
                 self.observe(loss)
+
         pre = model.register_forward_pre_hook(before)
         handle = model.register_forward_hook(hook)
         return _Handles(pre, handle)
@@ -221,8 +258,10 @@ class GuardedOptimizer(CoreView, torch.optim.Optimizer):
             if loss is not None:
                 self.observe(loss)
         if self._loss_count == 0:
-            raise RuntimeError("GuardedOptimizer.step() has no loss to monitor: call observe(loss) after the "
-                               "backward pass, pass a closure that returns it, or watch(model)")
+            raise RuntimeError(
+                "GuardedOptimizer.step() has no loss to monitor: call observe(loss) after the "
+                "backward pass, pass a closure that returns it, or watch(model)"
+            )
         loss = self._loss_sum if self._loss_count == 1 else self._loss_sum / self._loss_count
         self._loss_sum, self._loss_count = None, 0
         self._prepare()
@@ -260,8 +299,10 @@ class GuardedOptimizer(CoreView, torch.optim.Optimizer):
         state_dict = dict(state_dict)
         guard = state_dict.pop("trainopt", None)
         if guard is None or "update" not in guard:
-            raise KeyError("this optimizer state was not saved by a GuardedOptimizer of this trainopt "
-                           "(no 'trainopt' entry with the update's state)")
+            raise KeyError(
+                "this optimizer state was not saved by a GuardedOptimizer of this trainopt "
+                "(no 'trainopt' entry with the update's state)"
+            )
         self.optimizer.load_state_dict(state_dict)
         self.param_groups, self.state = self.optimizer.param_groups, self.optimizer.state
         self.core.load_state_dict(guard["update"])

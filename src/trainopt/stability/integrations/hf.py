@@ -75,20 +75,30 @@ def _callback_class() -> type:
             self.trainer = None  # the Trainer whose training_step is wrapped
             self.clip_taken: tuple[Any, float] | None = None  # (args, its max_grad_norm)
 
-        def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
-                           optimizer: Any = None, **kwargs: Any) -> None:
+        def on_train_begin(
+            self,
+            args: Any,
+            state: Any,
+            control: Any,
+            model: Any = None,
+            optimizer: Any = None,
+            **kwargs: Any,
+        ) -> None:
             guarded = self.guarded
             self._give_clipping_back()  # left over from a train() that raised
             if getattr(optimizer, "optimizer", optimizer) is not guarded:
-                raise ValueError("the Trainer does not step this callback's GuardedOptimizer: pass "
-                                 "Trainer(optimizers=optimizers) with the pair stabilize() returned")
+                raise ValueError(
+                    "the Trainer does not step this callback's GuardedOptimizer: pass "
+                    "Trainer(optimizers=optimizers) with the pair stabilize() returned"
+                )
             clip = args.max_grad_norm or 0
             if clip > 0 and _clips_itself(guarded):
                 raise ValueError(
                     f"clip once: TrainingArguments(max_grad_norm={args.max_grad_norm}) clips "
                     f"and so does the guard (max_grad_norm={guarded.max_grad_norm}); set "
                     "max_grad_norm=0 in TrainingArguments, or leave the guard's at None (the guard "
-                    "then clips at the Trainer's max_grad_norm)")
+                    "then clips at the Trainer's max_grad_norm)"
+                )
             if clip > 0:  # the guard must see the unclipped norm: it clips, the Trainer does not
                 self.clip_taken = (args, args.max_grad_norm)
                 guarded.core.max_grad_norm = float(clip)
@@ -130,8 +140,9 @@ def _callback_class() -> type:
                 self.guarded.core.max_grad_norm = None
                 self.clip_taken = None
 
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
-                   **kwargs: Any) -> None:
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any
+        ) -> None:
             if logs is not None and "loss" in logs:
                 recovery = self.guarded.recovery
                 logs["skipped_steps"] = self.guarded.skipped_steps
@@ -162,8 +173,9 @@ def stabilizer_callback(guarded: GuardedOptimizer) -> Any:
     return _callback_class()(guarded)
 
 
-def stabilize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
-              **options: Any) -> tuple[tuple[GuardedOptimizer, WindowScheduler], Any]:
+def stabilize(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None, **options: Any
+) -> tuple[tuple[GuardedOptimizer, WindowScheduler], Any]:
     """Guard ``optimizer`` for the ``Trainer``: ``(optimizers, callback)`` to pass it.
 
     Args:

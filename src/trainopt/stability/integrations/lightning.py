@@ -45,8 +45,10 @@ def _callback_class() -> type:
         def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
             guards = _guards(trainer)
             if not guards:
-                raise ValueError("configure_optimizers returned no GuardedOptimizer: return "
-                                 "GuardedOptimizer(optimizer, scheduler) and its .scheduler")
+                raise ValueError(
+                    "configure_optimizers returned no GuardedOptimizer: return "
+                    "GuardedOptimizer(optimizer, scheduler) and its .scheduler"
+                )
             clip = trainer.gradient_clip_val
             for guard in guards:
                 clips = guard.max_grad_norm is not None or getattr(guard.core, "clipper", None)
@@ -54,7 +56,8 @@ def _callback_class() -> type:
                     raise ValueError(
                         f"clip once: Trainer(gradient_clip_val={clip}) clips and so does the guard "
                         f"(max_grad_norm={guard.max_grad_norm}); set one of them to None (the "
-                        "guard then clips at gradient_clip_val)")
+                        "guard then clips at gradient_clip_val)"
+                    )
             self.seen = [None] * len(guards)
             self.clip_taken = None
             if clip:
@@ -62,7 +65,8 @@ def _callback_class() -> type:
                     raise ValueError(
                         "gradient_clip_algorithm: 'value' clips inside the closure, before the "
                         "guard measures the gradients; allowed with a GuardedOptimizer: 'norm' or "
-                        "None")
+                        "None"
+                    )
                 for guard in guards:  # it must see the unclipped norm: it clips, not Lightning
                     guard.core.max_grad_norm = float(clip)
                 self.clip_taken = (guards, clip)
@@ -76,13 +80,21 @@ def _callback_class() -> type:
                 trainer.gradient_clip_val = clip
                 self.clip_taken = None
 
-        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, index: int) -> None:
+        def on_train_batch_end(
+            self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, index: int
+        ) -> None:
             for i, guard in enumerate(_guards(trainer)):
                 if guard.last_report is not None and guard.last_report is not self.seen[i]:
                     self.seen[i] = guard.last_report
                     rollbacks = 0 if guard.recovery is None else len(guard.recovery.history)
-                    pl_module.log_dict({"trainopt/skipped_steps": float(guard.skipped_steps),
-                                        "trainopt/rollbacks": float(rollbacks)}, on_step=True, on_epoch=False)
+                    pl_module.log_dict(
+                        {
+                            "trainopt/skipped_steps": float(guard.skipped_steps),
+                            "trainopt/rollbacks": float(rollbacks),
+                        },
+                        on_step=True,
+                        on_epoch=False,
+                    )
 
     return StabilizerCallback
 

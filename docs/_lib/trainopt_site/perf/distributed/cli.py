@@ -70,14 +70,26 @@ def main(argv: Sequence[str] | None = None) -> None:
         >>> status, err.getvalue()
         (2, 'error: --out/--equivalence: give --out FILE, --equivalence, or both\n')
     """
-    parser = ArgumentParser(prog="python -m trainopt_site.perf.distributed",
-                            description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=output_file, help="measure the lossy hooks and write this JSON file")
-    parser.add_argument("--equivalence", action="store_true",
-                        help="run every equivalence check and print the results (works under torchrun)")
-    parser.add_argument("--nprocs", type=positive_int, default=2, help="processes of the gloo group (default 2)")
-    parser.add_argument("--iterations", type=positive_int, default=8,
-                        help="training steps of each measured hook (default 8)")
+    parser = ArgumentParser(
+        prog="python -m trainopt_site.perf.distributed", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--out", type=output_file, help="measure the lossy hooks and write this JSON file"
+    )
+    parser.add_argument(
+        "--equivalence",
+        action="store_true",
+        help="run every equivalence check and print the results (works under torchrun)",
+    )
+    parser.add_argument(
+        "--nprocs", type=positive_int, default=2, help="processes of the gloo group (default 2)"
+    )
+    parser.add_argument(
+        "--iterations",
+        type=positive_int,
+        default=8,
+        help="training steps of each measured hook (default 8)",
+    )
     args = parser.parse_args(argv)
     if args.out is None and not args.equivalence:
         raise UsageError("--out/--equivalence", "give --out FILE, --equivalence, or both")

@@ -20,8 +20,15 @@ import torch
 from trainopt.stability.integrations.guard import GuardedOptimizer
 from trainopt.stability.integrations.tiny import VOCAB, tiny_causal_lm
 
-__all__ = ["accelerate_run", "flat_weights", "hf_run", "lightning_run", "rank_run", "rank_runs",
-           "regression_data"]
+__all__ = [
+    "accelerate_run",
+    "flat_weights",
+    "hf_run",
+    "lightning_run",
+    "rank_run",
+    "rank_runs",
+    "regression_data",
+]
 
 BATCH = 4
 
@@ -47,8 +54,9 @@ def _poison(items: torch.Tensor, nan_batch: int | None, ranks: int) -> torch.Ten
     return items
 
 
-def regression_data(n_batches: int, nan_batch: int | None = None, drop_batch: int | None = None,
-                    ranks: int = 1) -> torch.utils.data.TensorDataset:
+def regression_data(
+    n_batches: int, nan_batch: int | None = None, drop_batch: int | None = None, ranks: int = 1
+) -> torch.utils.data.TensorDataset:
     """``BATCH * ranks * n_batches`` rows of a noisy linear task; one batch NaN or left out.
 
     Example:
@@ -62,7 +70,7 @@ def regression_data(n_batches: int, nan_batch: int | None = None, drop_batch: in
     x = _poison(x, nan_batch, ranks)
     if drop_batch is not None:
         keep = torch.ones(len(x), dtype=torch.bool)
-        keep[drop_batch * BATCH:(drop_batch + 1) * BATCH] = False
+        keep[drop_batch * BATCH : (drop_batch + 1) * BATCH] = False
         x, y = x[keep], y[keep]
     return torch.utils.data.TensorDataset(x, y)
 
@@ -76,14 +84,17 @@ def _optimizer_pair(model: torch.nn.Module, total: int) -> tuple[torch.optim.Opt
     """Fused AdamW, warm-up then linear decay: the rate changes inside every window."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3, fused=True)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / 3) * max(0.1, 1 - s / total))
+        optimizer, lambda s: min(1.0, (s + 1) / 3) * max(0.1, 1 - s / total)
+    )
     return optimizer, schedule
 
 
 class _LMData(torch.utils.data.Dataset):
     """Float inputs (``inputs_embeds``), so that a batch can be NaN; next-token labels."""
 
-    def __init__(self, n_batches: int, nan_batch: int | None, drop_batch: int | None, ranks: int) -> None:
+    def __init__(
+        self, n_batches: int, nan_batch: int | None, drop_batch: int | None, ranks: int
+    ) -> None:
         g = torch.Generator().manual_seed(2)
         n = n_batches * BATCH * ranks
         self.embeds = _poison(torch.randn(n, 8, 16, generator=g), nan_batch, ranks)
@@ -99,9 +110,19 @@ class _LMData(torch.utils.data.Dataset):
         return {"inputs_embeds": self.embeds[i], "labels": self.labels[i]}
 
 
-def hf_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batches: int = 12, nan_batch: int | None = None,
-           drop_batch: int | None = None, save_steps: int | None = None, resume: str | None = None,
-           count_syncs: bool = False, max_grad_norm: float = 1.0, ranks: int = 1) -> dict[str, Any]:
+def hf_run(
+    out_dir: str,
+    guard: dict[str, Any] | None = None,
+    *,
+    n_batches: int = 12,
+    nan_batch: int | None = None,
+    drop_batch: int | None = None,
+    save_steps: int | None = None,
+    resume: str | None = None,
+    count_syncs: bool = False,
+    max_grad_norm: float = 1.0,
+    ranks: int = 1,
+) -> dict[str, Any]:
     """Train the tiny Llama with the ``Trainer``; ``guard``: ``GuardedOptimizer`` options, or ``None`` for plain.
 
     Example:
@@ -110,7 +131,13 @@ def hf_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batches: int 
         >>> hf_run(tempfile.mkdtemp(), {"check_every": 2}, n_batches=4, nan_batch=1)["skipped"]
         1
     """
-    from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments, get_scheduler
+    from transformers import (
+        PrinterCallback,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+        get_scheduler,
+    )
 
     from trainopt.stability.integrations.hf import stabilize
     from trainopt.stability.syncs import HostSyncCounter
@@ -132,12 +159,28 @@ def hf_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batches: int 
     if counter is not None:
         callbacks.append(_Syncs())
     args = TrainingArguments(
-        out_dir, per_device_train_batch_size=BATCH, num_train_epochs=1, max_grad_norm=max_grad_norm,
-        train_sampling_strategy="sequential", save_strategy="steps" if save_steps else "no",
-        save_steps=save_steps or 500, logging_steps=1000, report_to="none", use_cpu=True, seed=0,
-        disable_tqdm=True, dataloader_num_workers=0, save_only_model=False)
-    trainer = Trainer(model=model, args=args, train_dataset=_LMData(n_batches, nan_batch, drop_batch, ranks),
-                      optimizers=optimizers, callbacks=callbacks)
+        out_dir,
+        per_device_train_batch_size=BATCH,
+        num_train_epochs=1,
+        max_grad_norm=max_grad_norm,
+        train_sampling_strategy="sequential",
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
+        logging_steps=1000,
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        save_only_model=False,
+    )
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=_LMData(n_batches, nan_batch, drop_batch, ranks),
+        optimizers=optimizers,
+        callbacks=callbacks,
+    )
     trainer.remove_callback(PrinterCallback)  # no metrics printed
     if counter is not None:
         with counter:
@@ -145,15 +188,27 @@ def hf_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batches: int 
     else:
         trainer.train(resume_from_checkpoint=resume)
     guarded = optimizers[0] if guard is not None else None
-    return {"weights": flat_weights(model), "syncs": [b - a for a, b in zip(per_step, per_step[1:])],
-            "skipped": None if guarded is None else guarded.skipped_steps,
-            "lr": float(optimizer.param_groups[0]["lr"])}
+    return {
+        "weights": flat_weights(model),
+        "syncs": [b - a for a, b in zip(per_step, per_step[1:])],
+        "skipped": None if guarded is None else guarded.skipped_steps,
+        "lr": float(optimizer.param_groups[0]["lr"]),
+    }
 
 
-def lightning_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batches: int = 12,
-                  nan_batch: int | None = None, drop_batch: int | None = None, epochs: int = 1,
-                  stop_after: int | None = None, resume: str | None = None, count_syncs: bool = False,
-                  ranks: int = 1) -> dict[str, Any]:
+def lightning_run(
+    out_dir: str,
+    guard: dict[str, Any] | None = None,
+    *,
+    n_batches: int = 12,
+    nan_batch: int | None = None,
+    drop_batch: int | None = None,
+    epochs: int = 1,
+    stop_after: int | None = None,
+    resume: str | None = None,
+    count_syncs: bool = False,
+    ranks: int = 1,
+) -> dict[str, Any]:
     """Train the tiny MLP with Lightning (automatic optimization) for ``epochs`` (or stop after ``stop_after``).
 
     Example:
@@ -187,15 +242,28 @@ def lightning_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batche
             if guard is not None:
                 optimizer = held["guarded"] = GuardedOptimizer(optimizer, scheduler, **guard)
                 scheduler = optimizer.scheduler
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+            }
 
     module = Regression()
-    data = torch.utils.data.DataLoader(regression_data(n_batches, nan_batch, drop_batch, ranks), batch_size=BATCH)
+    data = torch.utils.data.DataLoader(
+        regression_data(n_batches, nan_batch, drop_batch, ranks), batch_size=BATCH
+    )
     trainer = L.Trainer(
-        max_epochs=stop_after or epochs, accelerator="cpu", devices=ranks, strategy="ddp" if ranks > 1 else "auto",
-        gradient_clip_val=1.0, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=out_dir, callbacks=[stabilizer_callback()] if guard is not None else [],
-        enable_checkpointing=False)
+        max_epochs=stop_after or epochs,
+        accelerator="cpu",
+        devices=ranks,
+        strategy="ddp" if ranks > 1 else "auto",
+        gradient_clip_val=1.0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=out_dir,
+        callbacks=[stabilizer_callback()] if guard is not None else [],
+        enable_checkpointing=False,
+    )
     if counter is not None:
         with counter:
             trainer.fit(module, data, ckpt_path=resume)
@@ -203,13 +271,25 @@ def lightning_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batche
         trainer.fit(module, data, ckpt_path=resume)
     trainer.save_checkpoint(Path(out_dir) / "last.ckpt")
     guarded = held.get("guarded")
-    return {"weights": flat_weights(module), "syncs": [b - a for a, b in zip(per_step, per_step[1:])],
-            "skipped": None if guarded is None else guarded.skipped_steps}
+    return {
+        "weights": flat_weights(module),
+        "syncs": [b - a for a, b in zip(per_step, per_step[1:])],
+        "skipped": None if guarded is None else guarded.skipped_steps,
+    }
 
 
-def accelerate_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batches: int = 12,
-                   nan_batch: int | None = None, drop_batch: int | None = None, save_at: int | None = None,
-                   resume: int | None = None, count_syncs: bool = False, ranks: int = 1) -> dict[str, Any]:
+def accelerate_run(
+    out_dir: str,
+    guard: dict[str, Any] | None = None,
+    *,
+    n_batches: int = 12,
+    nan_batch: int | None = None,
+    drop_batch: int | None = None,
+    save_at: int | None = None,
+    resume: int | None = None,
+    count_syncs: bool = False,
+    ranks: int = 1,
+) -> dict[str, Any]:
     """Train the tiny MLP in an Accelerate loop; save at step ``save_at`` or resume from that save.
 
     Example:
@@ -226,11 +306,17 @@ def accelerate_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batch
     accelerator = Accelerator(cpu=True)
     model = _mlp()
     optimizer, scheduler = _optimizer_pair(model, n_batches)
-    loader = torch.utils.data.DataLoader(regression_data(n_batches, nan_batch, drop_batch, ranks), batch_size=BATCH)
+    loader = torch.utils.data.DataLoader(
+        regression_data(n_batches, nan_batch, drop_batch, ranks), batch_size=BATCH
+    )
     if guard is not None:
-        model, optimizer, scheduler, loader = prepare(accelerator, model, optimizer, scheduler, loader, **guard)
+        model, optimizer, scheduler, loader = prepare(
+            accelerator, model, optimizer, scheduler, loader, **guard
+        )
     else:
-        model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+        model, optimizer, scheduler, loader = accelerator.prepare(
+            model, optimizer, scheduler, loader
+        )
     state = os.path.join(out_dir, "state")
     if resume is not None:
         accelerator.load_state(state)
@@ -252,9 +338,11 @@ def accelerate_run(out_dir: str, guard: dict[str, Any] | None = None, *, n_batch
         if step == save_at:
             accelerator.save_state(state)
     guarded = optimizer.optimizer if guard is not None else None
-    return {"weights": flat_weights(accelerator.unwrap_model(model)),
-            "syncs": [b - a for a, b in zip(per_step, per_step[1:])],
-            "skipped": None if guarded is None else guarded.skipped_steps}
+    return {
+        "weights": flat_weights(accelerator.unwrap_model(model)),
+        "syncs": [b - a for a, b in zip(per_step, per_step[1:])],
+        "skipped": None if guarded is None else guarded.skipped_steps,
+    }
 
 
 def rank_run(framework: str, out_dir: str) -> dict[str, Any]:
@@ -289,7 +377,9 @@ def rank_runs(frameworks: list[str], out_dir: str) -> dict[str, dict[str, Any]]:
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    for name in frameworks:  # import first, then freeze: the frameworks' gc.collect() calls skip their objects
+    for name in (
+        frameworks
+    ):  # import first, then freeze: the frameworks' gc.collect() calls skip their objects
         if name == "hf":
             from transformers import Trainer  # noqa: F401
         importlib.import_module({"hf": "accelerate"}.get(name, name))
