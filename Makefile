@@ -1,7 +1,9 @@
 # trainopt — build the site and run the whole suite from a clean clone.
 #   make html       create .venv, install trainopt[docs], build the site into _build/html (-W)
-#   make test       same set-up, then unit tests + Sybil over docs/ and src/ + audits + -W build,
-#                   on two pytest-xdist workers (PYTEST_WORKERS=2; PYTEST_ARGS=-n0 runs serially)
+#   make test       same set-up, then `make lint`, then unit tests + Sybil over docs/ and src/ +
+#                   audits + -W build, on two pytest-xdist workers (PYTEST_WORKERS=2;
+#                   PYTEST_ARGS=-n0 runs serially)
+#   make lint       ruff: the formatter's check and the linter (100 columns), over every .py file
 #   make test-gpu   make test with TRAINOPT_REQUIRE_CUDA=1 (GPU-only examples must run, not skip)
 #   make livehtml   rebuild on change and serve on http://127.0.0.1:8000
 #   make linkcheck  check internal links of the built site (no network)
@@ -21,7 +23,9 @@ SPHINXOPTS ?= -W --keep-going
 PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 2 ? n : 2 )))
 PYTEST_ARGS ?=
 
-.PHONY: html test test-gpu livehtml linkcheck clean venv
+.PHONY: html test test-gpu lint livehtml linkcheck clean venv
+
+LINTED := src docs tests conf.py conftest.py
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,8 +55,13 @@ html: $(VENV)/.docs
 	$(PY) -m sphinx -b html $(SPHINXOPTS) -c . docs _build/html
 	@echo "Open _build/html/index.html"
 
+# One concern per module, enforced by review and by these two: no file is split to meet a count.
+lint: $(VENV)/.test
+	$(PY) -m ruff format --check --quiet $(LINTED)
+	$(PY) -m ruff check --quiet $(LINTED)
+
 # Tiny CPU models run faster on one thread per process (and the distributed tests start several).
-test: $(VENV)/.test
+test: $(VENV)/.test lint
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-gpu:

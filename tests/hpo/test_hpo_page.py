@@ -97,7 +97,7 @@ def test_many_machines_recipe_parses_with_a_postgresql_url() -> None:
 def test_own_objective_recipe_runs_in_the_folder_of_the_module(tmp_path: Path) -> None:
     """The page writes ``my_train.py`` and ``my_tuning.yaml``; its command tunes them from their folder."""
     text = PAGE.read_text()
-    written = r'\(project / "([\w.]+)"\)\.write_text\(textwrap\.dedent\("""(.*?)"""\)\)'
+    written = r'\(project / "([\w.]+)"\)\.write_text\(\s*textwrap\.dedent\("""(.*?)"""\)\s*\)'
     files = dict(re.findall(written, text, flags=re.S))
     assert sorted(files) == ["my_train.py", "my_tuning.yaml"]
     for name, content in files.items():
