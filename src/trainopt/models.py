@@ -266,7 +266,7 @@ class CausalSelfAttention(nn.Module):
         >>> y.shape
         torch.Size([2, 8, 64])
         >>> x2 = x.clone(); x2[:, 5:] = 0.0  # change only the later positions
-        >>> torch.allclose(attn(x2)[:, :5], y[:, :5], atol=1e-6)  # causal: earlier outputs unchanged
+        >>> torch.allclose(attn(x2)[:, :5], y[:, :5], atol=1e-6)  # causal: earlier ones unchanged
         True
     """
 

@@ -22,14 +22,16 @@ def check_int(
     owner: str | None = None,
     error: type[Exception] = ValueError,
 ) -> None:
-    """Refuse ``value`` unless it is an int (not a bool) of at least ``low`` (or ``None`` if allowed).
+    """Refuse ``value`` unless it is an int (not a bool) of at least ``low``, or ``None`` if
+    allowed.
 
     Args:
         name: The argument's name, as the caller spells it.
         value: Its value.
         low: The smallest value allowed.
         none_ok: Also allow ``None``.
-        owner: The class or group the argument belongs to, named before it (``Rollback.save_every``).
+        owner: The class or group the argument belongs to, named before it
+            (``Rollback.save_every``).
         error: The exception to raise.
 
     Example:

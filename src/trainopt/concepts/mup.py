@@ -44,7 +44,8 @@ class MuAttention(CausalSelfAttention):
         >>> config = gpt_config("tiny")
         >>> torch.manual_seed(0); plain = CausalSelfAttention(config)  # doctest: +ELLIPSIS
         <...>
-        >>> mu = MuAttention(config, scale=1 / (64 // 4) ** 0.5); mu.load_state_dict(plain.state_dict())
+        >>> mu = MuAttention(config, scale=1 / (64 // 4) ** 0.5)
+        >>> mu.load_state_dict(plain.state_dict())
         <All keys matched successfully>
         >>> x = torch.randn(2, 8, 64)
         >>> torch.allclose(mu(x), plain(x), atol=1e-6)  # 1/sqrt(d_head): the standard attention
@@ -98,7 +99,8 @@ def _is_hidden(name: str, param: torch.Tensor) -> bool:
 
 
 def mup_gpt(config: GPTConfig, base_width: int) -> GPT:
-    """A :class:`~trainopt.models.GPT` in μP relative to ``base_width`` (``m = n_embd / base_width``).
+    """A :class:`~trainopt.models.GPT` in μP relative to ``base_width``
+    (``m = n_embd / base_width``).
 
     Hidden weights start at ``1 / sqrt(m)`` times GPT's standard deviations, attention uses
     :class:`MuAttention` with scale ``sqrt(d0) / d_head`` (``d0`` the head width at
@@ -140,7 +142,8 @@ def mup_gpt(config: GPTConfig, base_width: int) -> GPT:
 def mup_param_groups(
     model: nn.Module, lr: float, width: int, base_width: int, weight_decay: float = 0.0
 ) -> list[dict[str, Any]]:
-    """Adam(W) parameter groups for μP: hidden weights at ``lr · base_width / width``, the rest at ``lr``.
+    """Adam(W) parameter groups for μP: hidden weights at ``lr · base_width / width``, the rest
+    at ``lr``.
 
     Example:
         >>> from trainopt.concepts.mup import mup_gpt, mup_param_groups

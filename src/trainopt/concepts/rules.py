@@ -65,7 +65,9 @@ def sgd_update(
         >>> import torch
         >>> from trainopt.concepts import SGDState
         >>> from trainopt.concepts import sgd_update
-        >>> p, s = sgd_update(torch.tensor([1.0]), torch.tensor([2.0]), SGDState(), lr=0.1, momentum=0.9)
+        >>> p, s = sgd_update(
+        ...     torch.tensor([1.0]), torch.tensor([2.0]), SGDState(), lr=0.1, momentum=0.9
+        ... )
         >>> p, s.momentum_buffer  # the first step has no history: b_1 = g_1
         (tensor([0.8000]), tensor([2.]))
     """
@@ -203,7 +205,8 @@ def adam_update(
     """One step of Adam as ``torch.optim.Adam`` defines it (L2 weight decay added to the gradient).
 
     .. math::
-        m_t = \\beta_1 m_{t-1} + (1-\\beta_1) g_t, \\quad v_t = \\beta_2 v_{t-1} + (1-\\beta_2) g_t^2,
+        m_t = \\beta_1 m_{t-1} + (1-\\beta_1) g_t,
+        \\quad v_t = \\beta_2 v_{t-1} + (1-\\beta_2) g_t^2,
         \\quad \\hat m_t = \\frac{m_t}{1-\\beta_1^t}, \\quad \\hat v_t = \\frac{v_t}{1-\\beta_2^t},
         \\quad \\theta_{t+1} = \\theta_t - \\eta \\frac{\\hat m_t}{\\sqrt{\\hat v_t} + \\epsilon}
 
@@ -246,7 +249,8 @@ def adamw_update(
     """One step of AdamW as ``torch.optim.AdamW`` defines it: decay the weights, then Adam.
 
     .. math::
-        \\theta_{t+1} = (1 - \\eta\\lambda)\\,\\theta_t - \\eta \\frac{\\hat m_t}{\\sqrt{\\hat v_t} + \\epsilon}
+        \\theta_{t+1} = (1 - \\eta\\lambda)\\,\\theta_t
+        - \\eta \\frac{\\hat m_t}{\\sqrt{\\hat v_t} + \\epsilon}
 
     The decay never enters ``m`` or ``v``, so Adam's per-coordinate normalisation does not
     rescale it: every weight shrinks by the same factor ``1 - lr * weight_decay``.
@@ -267,7 +271,8 @@ def adamw_update(
 def adam_step_size_factor(
     step: int | Tensor, betas: tuple[float, float] = (0.9, 0.999)
 ) -> float | Tensor:
-    """How many times larger uncorrected Adam's step ``t`` is than corrected Adam's (constant gradient).
+    """How many times larger uncorrected Adam's step ``t`` is than corrected Adam's, for a constant
+    gradient.
 
     With a constant gradient ``g``, ``m_t = (1-β1^t) g`` and ``v_t = (1-β2^t) g²``, so the
     uncorrected step is ``(1-β1^t) / sqrt(1-β2^t)`` times the corrected one (which is ``lr``).
@@ -294,7 +299,8 @@ def clip_by_global_norm(
     """Scale all gradients by one factor so that their joint L2 norm is at most ``max_norm``.
 
     .. math::
-        g \\leftarrow g \\cdot \\min\\left(1, \\frac{\\tau}{\\lVert g \\rVert_2 + \\varepsilon}\\right)
+        g \\leftarrow g \\cdot
+        \\min\\left(1, \\frac{\\tau}{\\lVert g \\rVert_2 + \\varepsilon}\\right)
 
     Returns the clipped gradients and the norm *before* clipping, as
     ``torch.nn.utils.clip_grad_norm_`` does (its ``eps`` is also ``1e-6``). Clipping only ever
@@ -303,7 +309,8 @@ def clip_by_global_norm(
     Example:
         >>> import torch
         >>> from trainopt.concepts import clip_by_global_norm
-        >>> clipped, norm = clip_by_global_norm([torch.tensor([3.0]), torch.tensor([4.0])], max_norm=1.0)
+        >>> grads = [torch.tensor([3.0]), torch.tensor([4.0])]
+        >>> clipped, norm = clip_by_global_norm(grads, max_norm=1.0)
         >>> norm.item(), [round(g.item(), 3) for g in clipped]
         (5.0, [0.6, 0.8])
     """
@@ -340,7 +347,8 @@ def unscale_gradients(grads: list[Tensor], scale: float | Tensor) -> tuple[list[
     Example:
         >>> import torch
         >>> from trainopt.concepts import unscale_gradients
-        >>> grads, found_inf = unscale_gradients([torch.tensor([2048.0], dtype=torch.float16)], 1024.0)
+        >>> scaled = [torch.tensor([2048.0], dtype=torch.float16)]
+        >>> grads, found_inf = unscale_gradients(scaled, 1024.0)
         >>> grads[0], bool(found_inf)
         (tensor([2.]), False)
     """
@@ -386,12 +394,14 @@ def next_loss_scale(
 def warmup_cosine_lr(
     step: int, *, max_lr: float, warmup_steps: int, total_steps: int, min_lr: float = 0.0
 ) -> float:
-    """Learning rate at ``step``: linear warm-up to ``max_lr``, cosine decay to ``min_lr``, then hold.
+    """Learning rate at ``step``: linear warm-up to ``max_lr``, cosine decay to ``min_lr``, then
+    hold.
 
     .. math::
         \\eta_t = \\begin{cases}
             \\eta_{\\max}\\, t / T_w & t < T_w \\\\
-            \\eta_{\\min} + \\tfrac12(\\eta_{\\max}-\\eta_{\\min})\\left(1 + \\cos\\pi\\frac{t-T_w}{T-T_w}\\right) & T_w \\le t \\le T \\\\
+            \\eta_{\\min} + \\tfrac12(\\eta_{\\max}-\\eta_{\\min})
+            \\left(1 + \\cos\\pi\\frac{t-T_w}{T-T_w}\\right) & T_w \\le t \\le T \\\\
             \\eta_{\\min} & t > T
         \\end{cases}
 

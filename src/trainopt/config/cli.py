@@ -150,7 +150,8 @@ def output_folder(text: str) -> Path:
         ...     try:
         ...         parser.parse_args(["--out", existing.name])
         ...     except UsageError as error:
-        ...         print(str(error).endswith("is a file; give a folder (it is created if missing)"))
+        ...         message = str(error)
+        ...         print(message.endswith("is a file; give a folder (it is created if missing)"))
         True
     """
     path = Path(text)
@@ -173,7 +174,8 @@ def _nothing_in_the_way(path: Path) -> None:
 
 
 def device(text: str) -> str:
-    """An argparse ``type`` for ``--device``: ``cpu``, ``cuda`` or ``cuda:N``, checked against this machine.
+    """An argparse ``type`` for ``--device``: ``cpu``, ``cuda`` or ``cuda:N``, checked against this
+    machine.
 
     Example:
         >>> from trainopt.config.cli import ArgumentParser, UsageError, device

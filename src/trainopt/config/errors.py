@@ -14,8 +14,9 @@ class ConfigError(ValueError):
         >>> from trainopt.config import ConfigError
         >>> from trainopt.config import validate_config
         >>> try:
-        ...     validate_config({"training": {"optimizer": {"type": "lion", "lr": 0.1},
-        ...                                   "scheduler": {"type": "step_decay", "decay_steps": 10}}})
+        ...     optimizer = {"type": "lion", "lr": 0.1}
+        ...     scheduler = {"type": "step_decay", "decay_steps": 10}
+        ...     validate_config({"training": {"optimizer": optimizer, "scheduler": scheduler}})
         ... except ConfigError as error:
         ...     print(error.field, "|", error)
         training.optimizer.type | training.optimizer.type: must be one of ['sgd', 'adam',

@@ -48,7 +48,8 @@ def autocast_dtype(
         ...     autocast_dtype("int8", field="dtype")
         ... except ValueError as error:
         ...     print(error)
-        dtype must be one of ['fp32', 'tf32', 'bf16', 'fp16'] (or float32, bfloat16, float16), got 'int8'
+        dtype must be one of ['fp32', 'tf32', 'bf16', 'fp16'] (or float32, bfloat16, float16),
+            got 'int8'
     """
     canonical = ALIASES.get(name, name) if isinstance(name, str) else name
     if canonical not in allowed:

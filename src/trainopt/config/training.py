@@ -89,7 +89,8 @@ class Config:
         >>> from trainopt.config import OptimizerConfig
         >>> from trainopt.config import SchedulerConfig
         >>> from trainopt.config import build_optimizer
-        >>> cfg = Config(OptimizerConfig("sgd", 0.1), SchedulerConfig("step_decay", {"decay_steps": 10}))
+        >>> scheduler = SchedulerConfig("step_decay", {"decay_steps": 10})
+        >>> cfg = Config(OptimizerConfig("sgd", 0.1), scheduler)
         >>> optimizer = build_optimizer(torch.nn.Linear(2, 1).parameters(), cfg)
         >>> type(optimizer).__name__, cfg.scheduler.type
         ('SGD', 'step_decay')

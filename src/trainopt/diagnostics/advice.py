@@ -39,11 +39,13 @@ _ROLL_BACK = "trainopt.stability.TrainingRecovery"
 
 ADVICE: dict[str, Advice] = {
     "nan_inf": Advice(
-        "a NaN or Inf in the data, an operation outside its domain (log(0), 0/0), or an fp16 overflow",
-        "check the batch of the first bad step with torch.isfinite: drop or repair a bad sample and "
-        "check the data where it is loaded; run the step under torch.autograd.detect_anomaly() to find "
-        "an operation that makes NaN; with fp16, a loss scaler (trainopt.stability.DynamicLossScaler) "
-        "skips the steps whose gradients overflow, and bf16 has fp32's range",
+        "a NaN or Inf in the data, an operation outside its domain (log(0), 0/0), or an fp16 "
+        "overflow",
+        "check the batch of the first bad step with torch.isfinite: drop or repair a bad sample "
+        "and check the data where it is loaded; run the step under torch.autograd.detect_anomaly() "
+        "to find an operation that makes NaN; with fp16, a loss scaler "
+        "(trainopt.stability.DynamicLossScaler) skips the steps whose gradients overflow, and bf16 "
+        "has fp32's range",
         f"{GUIDE}#nan-or-inf",
         None,
     ),
@@ -62,15 +64,17 @@ ADVICE: dict[str, Advice] = {
         None,
     ),
     "diverging": Advice(
-        "the learning rate is above the stable range (often the end of a warm-up to a peak too high)",
-        "lower the peak learning rate (find one with trainopt.schedules.LearningRateFinder) and warm up "
-        "with trainopt.schedules.cosine_annealing_schedule(optimizer, total_steps, warmup_steps)",
+        "the learning rate is above the stable range (often the end of a warm-up to a peak too "
+        "high)",
+        "lower the peak learning rate (find one with trainopt.schedules.LearningRateFinder) and "
+        "warm up with trainopt.schedules.cosine_annealing_schedule(optimizer, total_steps, "
+        "warmup_steps)",
         f"{GUIDE}#loss-diverging",
         "lower",
     ),
     "oscillating": Advice(
-        "steps too large for this stage of training: a learning rate (with SGD, a momentum) too high "
-        "to settle, or batches too small and noisy",
+        "steps too large for this stage of training: a learning rate (with SGD, a momentum) too "
+        "high to settle, or batches too small and noisy",
         "decay the learning rate (trainopt.schedules.cosine_annealing_schedule) or lower it; "
         "with SGD, a momentum of 0.9 rather than 0.99; a larger batch lowers the noise",
         f"{GUIDE}#oscillating-loss",
@@ -95,7 +99,8 @@ ADVICE: dict[str, Advice] = {
         "a leak (tensors kept with their autograd graph) if memory grows each step; otherwise "
         "activations of a batch too large",
         "keep only detached values (loss.item() every check_every steps, or .detach()), evaluate "
-        "under torch.no_grad(); then see trainopt.perf.memory for checkpointing and smaller batches",
+        "under torch.no_grad(); then see trainopt.perf.memory for checkpointing and smaller "
+        "batches",
         f"{GUIDE}#out-of-memory",
         None,
     ),
@@ -106,7 +111,8 @@ ADVICE: dict[str, Advice] = {
         None,
     ),
     "comm_overhead": Advice(
-        "gradients are sent in many small messages, or communication does not overlap the backward pass",
+        "gradients are sent in many small messages, or communication does not overlap the backward "
+        "pass",
         "all-reduce in large buckets and overlap with the backward pass (DDP's bucket_cap_mb; "
         "see trainopt.perf.distributed)",
         f"{GUIDE}#communication-overhead",
@@ -117,8 +123,8 @@ ADVICE: dict[str, Advice] = {
 
 _EARLY_FIX = (
     "lower the learning rate about tenfold (trainopt.schedules.LearningRateFinder finds the edge), "
-    "warm up to it with trainopt.schedules.cosine_annealing_schedule(optimizer, total_steps, warmup_steps), "
-    f"and clip with {_CLIP}"
+    "warm up to it with trainopt.schedules.cosine_annealing_schedule(optimizer, total_steps, "
+    f"warmup_steps), and clip with {_CLIP}"
 )
 
 EARLY: dict[str, Advice] = {
@@ -179,8 +185,8 @@ AFTER_BLOW_UP: dict[str, Advice] = {
         "lower",
     ),
     "plateau": Advice(
-        "updates too large, not too small: after the {blow_up} the loss no longer improves (a blow-up "
-        "kills or saturates units; steps too large can't settle)",
+        "updates too large, not too small: after the {blow_up} the loss no longer improves (a "
+        "blow-up kills or saturates units; steps too large can't settle)",
         f"{_RESTART}; a higher learning rate would make it worse",
         f"{GUIDE}#an-early-blow-up",
         "lower",
@@ -192,7 +198,8 @@ AFTER_BLOW_UP: dict[str, Advice] = {
         "lower",
     ),
 }
-"""The advice for a symptom that follows a blow-up (``{blow_up}`` names it: "loss explosion at step 5")."""
+"""The advice for a symptom that follows a blow-up (``{blow_up}`` names it: "loss explosion at
+step 5")."""
 
 BESIDE_BLOW_UP: dict[str, Advice] = {
     symptom: Advice(

@@ -1,11 +1,12 @@
-"""Root cause first: put the blow-up that started a run's trouble first, and tie what followed to it.
+"""Root cause first: put the blow-up that started a run's trouble first, and tie what followed to
+it.
 
 A learning rate far too high blows a run up in its first steps; the network then dies and the
 loss sits on a plateau. Read on its own, the plateau asks for a *higher* learning rate: the
 opposite of the truth. So the earliest sign of updates too large (a loss or gradient explosion,
-a divergence, an oscillation) is the root cause. Each later symptom of the loss or the gradient is reported after it, says so
-("collapsed after the loss explosion at step 5"), and takes the advice for what follows a
-blow-up, which never raises the learning rate.
+a divergence, an oscillation) is the root cause. Each later symptom of the loss or the gradient
+is reported after it, says so ("collapsed after the loss explosion at step 5"), and takes the
+advice for what follows a blow-up, which never raises the learning rate.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from trainopt.diagnostics.advice import advice
 from trainopt.diagnostics.findings import BLOW_UPS, DYNAMICS, NOUNS, SYMPTOMS, Finding
 
 SAME_EVENT_STEPS = 3
-"""Blow-ups that start within this many steps of the first one are the same event, not its consequence."""
+"""Blow-ups that start within this many steps of the first one are the same event, not its
+consequence."""
 
 
 def _name(f: Finding) -> str:

@@ -78,7 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     columns = [c for c in ("loss", "grad_norm", "lr") if any(c in r for r in records)]
     steps = f"steps {records[0]['step']}-{records[-1]['step']}" if records else "no steps"
     print(
-        f"{args.path}: {log_format(args.path)} log, {len(records)} records ({steps}; {', '.join(columns)})"
+        f"{args.path}: {log_format(args.path)} log, {len(records)} records "
+        f"({steps}; {', '.join(columns)})"
     )
     findings = diagnose(records, classes=args.classes, initial_loss=args.initial_loss)
     for finding in findings:

@@ -36,7 +36,8 @@ def loss_dynamics(
         >>> import numpy as np
         >>> from trainopt.diagnostics.dynamics import loss_dynamics
         >>> from trainopt.diagnostics.symptoms import DEFAULTS
-        >>> dead = np.full(200, 2.36) + 0.01 * np.sin(np.arange(200))  # after an explosion at step 7
+        >>> # after an explosion at step 7:
+        >>> dead = np.full(200, 2.36) + 0.01 * np.sin(np.arange(200))
         >>> [f.symptom for f in loss_dynamics(dead, np.arange(30, 230), DEFAULTS, start=2.30,
         ...                                   best_before=1.1)]
         ['plateau']
@@ -112,8 +113,8 @@ def loss_dynamics(
                 "slow_convergence",
                 steps[0],
                 (
-                    f"loss is still falling steadily ({middle:.4g} to {levels[-1]:.4g} over the second half) "
-                    f"but the whole run lowered it by only {progress:.1%}"
+                    f"loss is still falling steadily ({middle:.4g} to {levels[-1]:.4g} over the "
+                    f"second half) but the whole run lowered it by only {progress:.1%}"
                 ),
             )
         ]

@@ -17,7 +17,8 @@ from trainopt.diagnostics.findings import Finding, finding
 from trainopt.diagnostics.robust import noise, onset, rolling_median, spikes
 
 RECOVERY_STEPS = 5
-"""A loss has recovered from an explosion once this many steps in a row are back under its threshold."""
+"""A loss has recovered from an explosion once this many steps in a row are back under its
+threshold."""
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,10 @@ def loss_explosion(
         t for t in range(1, n) if loss[t] > absolute and np.median(loss[t : t + 3]) > absolute
     ]
 
-    # Against the recent median: an explosion damages the weights, so the loss stays up for a window
-    # of steps. A one-step spike that the next steps undo is a bad batch (see the gradient), not this;
-    # nor is a rise that is small next to the loss scale (0.01 to 0.08 on a cross-entropy from 2.3).
+    # Against the recent median: an explosion damages the weights, so the loss stays up for a
+    # window of steps. A one-step spike that the next steps undo is a bad batch (see the
+    # gradient), not this; nor is a rise that is small next to the loss scale (0.01 to 0.08 on a
+    # cross-entropy from 2.3).
     window = max(5, n // 20)
     least = opts["diverge_fraction"] * scale
 
@@ -131,22 +133,25 @@ def loss_explosion(
         best = float(np.min(rolling_median(loss[:start], 3)))
         threshold = absolute
         evidence = (
-            f"the loss rose from {loss[start - 1]:.3g} at step {steps[start - 1]} to {loss[t]:.4g} at step "
-            f"{steps[t]}, over {1 + ratio:g}x {_describe(kind, reference, classes)}"
+            f"the loss rose from {loss[start - 1]:.3g} at step {steps[start - 1]} to {loss[t]:.4g} "
+            f"at step {steps[t]}, over {1 + ratio:g}x {_describe(kind, reference, classes)}"
         )
     else:
         t = start = sustained[0]
         best = float(np.median(loss[t - window : t]))
         threshold = best + max(ratio * abs(best), least)
         evidence = (
-            f"the loss jumped from a median of {best:.4g} to {loss[t]:.4g} at step {steps[t]} "
-            f"and stayed at a median {np.median(loss[t : t + window]):.4g} over the next {window} steps"
+            f"the loss jumped from a median of {best:.4g} to {loss[t]:.4g} at step {steps[t]} and "
+            f"stayed at a median {np.median(loss[t : t + window]):.4g} over the next {window} steps"
         )
     peak = t + int(np.argmax(loss[t:]))
     recovered = _recovery(loss, peak, threshold)
     evidence += f"; it peaked at {loss[peak]:.3g} at step {steps[peak]}"
     if recovered is None:
-        evidence += f" and never came back under {threshold:.3g}: it ends at {np.median(loss[-window:]):.3g}"
+        evidence += (
+            f" and never came back under {threshold:.3g}: "
+            f"it ends at {np.median(loss[-window:]):.3g}"
+        )
     else:
         evidence += f" and is back under {threshold:.3g} from step {steps[recovered]}"
     early = steps[start] < opts["early_steps"]
@@ -197,9 +202,9 @@ def gradient_explosion(
             "gradient_explosion",
             steps[start],
             (
-                f"{len(found)} step(s) with a gradient norm over {ratio:.0f}x its median before; the first at "
-                f"step {steps[t]}: {grad[t]:.4g} against {level:.4g}; the largest {np.max(grad[t:]):.4g} at step "
-                f"{steps[t + int(np.argmax(grad[t:]))]}"
+                f"{len(found)} step(s) with a gradient norm over {ratio:.0f}x its median before; "
+                f"the first at step {steps[t]}: {grad[t]:.4g} against {level:.4g}; the largest "
+                f"{np.max(grad[t:]):.4g} at step {steps[t + int(np.argmax(grad[t:]))]}"
             ),
             early=steps[start] < opts["early_steps"],
         )
@@ -222,7 +227,8 @@ def overflowed(
     opts: dict[str, float],
     expected: float | None = None,
 ) -> bool:
-    """Whether the steps just before the first non-finite one were exploding (an overflow, not bad data).
+    """Whether the steps just before the first non-finite one were exploding (an overflow, not bad
+    data).
 
     Example:
         >>> import numpy as np

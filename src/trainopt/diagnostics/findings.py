@@ -71,7 +71,10 @@ class Finding:
     after: int | None = None
 
     def __str__(self) -> str:
-        return f"{self.symptom} (from step {self.step}): {self.evidence}\n  cause: {self.cause}\n  fix: {self.fix}"
+        return (
+            f"{self.symptom} (from step {self.step}): {self.evidence}\n"
+            f"  cause: {self.cause}\n  fix: {self.fix}"
+        )
 
 
 def finding(symptom: str, step: int, evidence: str, *, early: bool = False) -> Finding:

@@ -41,7 +41,8 @@ ALIASES: dict[str, tuple[str, float]] = {
 
 
 def column(records: list[dict[str, Any]], key: str) -> np.ndarray | None:
-    """The values of ``key`` as floats (NaN where missing or unreadable), or None if no record has it.
+    """The values of ``key`` as floats (NaN where missing or unreadable), or None if no record has
+    it.
 
     A key that no record has is read from its alias in :data:`ALIASES` (the names
     :class:`~trainopt.perf.ThroughputMonitor` writes), converted to seconds or bytes.

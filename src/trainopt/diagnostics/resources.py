@@ -22,7 +22,8 @@ def memory_checks(
         >>> import numpy as np
         >>> from trainopt.diagnostics.resources import memory_checks
         >>> from trainopt.diagnostics.symptoms import DEFAULTS
-        >>> records = [{"memory_reserved": (50 + t) * 2**20, "max_memory": 2**27} for t in range(100)]
+        >>> records = [{"memory_reserved": (50 + t) * 2**20, "max_memory": 2**27}
+        ...            for t in range(100)]
         >>> [f.symptom for f in memory_checks(records, np.arange(100), DEFAULTS)]
         ['out_of_memory']
     """
@@ -47,8 +48,8 @@ def memory_checks(
             "out_of_memory",
             steps[t],
             (
-                f"memory in use reached {np.nanmax(fraction):.0%} of the {np.nanmax(capacity) / 2**30:.2f} GiB "
-                f"available at step {steps[t]}{trend}"
+                f"memory in use reached {np.nanmax(fraction):.0%} of the "
+                f"{np.nanmax(capacity) / 2**30:.2f} GiB available at step {steps[t]}{trend}"
             ),
         )
     ]
@@ -57,7 +58,8 @@ def memory_checks(
 def speed_checks(
     records: list[dict[str, Any]], steps: np.ndarray, opts: dict[str, float]
 ) -> list[Finding]:
-    """``slow_training`` when the median step time rises mid-run; ``comm_overhead`` when communication dominates.
+    """``slow_training`` when the median step time rises mid-run; ``comm_overhead`` when
+    communication dominates.
 
     Example:
         >>> import numpy as np
@@ -92,7 +94,8 @@ def speed_checks(
                     steps[at],
                     (
                         f"the median step time rose {best_ratio:.1f}x at step {steps[at]}: "
-                        f"{np.nanmedian(times[:best_split]) * 1e3:.3g} ms before, {np.nanmedian(times[best_split:]) * 1e3:.3g} ms after"
+                        f"{np.nanmedian(times[:best_split]) * 1e3:.3g} ms before, "
+                        f"{np.nanmedian(times[best_split:]) * 1e3:.3g} ms after"
                     ),
                 )
             )

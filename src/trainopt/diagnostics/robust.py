@@ -56,7 +56,8 @@ def noise(x: np.ndarray) -> float:
 
 
 def spikes(x: np.ndarray, window: int, threshold: float, ratio: float) -> list[int]:
-    """Indices where ``x`` jumps above its trailing median by ``threshold`` robust sigmas and by ``ratio`` × its level.
+    """Indices where ``x`` jumps above its trailing median by ``threshold`` robust sigmas and by
+    ``ratio`` × its level.
 
     Example:
         >>> import numpy as np

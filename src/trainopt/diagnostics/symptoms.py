@@ -120,10 +120,10 @@ def diagnose(
             the loss when 1.0), ``grad_spike_ratio`` (a gradient spike is this many times its
             median before), ``diverge_fraction`` (a rise, or a sustained jump, smaller than this
             fraction of the loss scale is neither a divergence nor an explosion),
-            ``oscillation_fraction`` (detrended swing over
-            the loss scale), ``min_progress`` (fraction of the starting loss a run should remove),
-            ``memory_fraction``, ``slowdown_ratio``, ``comm_fraction``, ``early_steps`` (an
-            explosion that starts before this step gets the advice for a learning rate far too high).
+            ``oscillation_fraction`` (detrended swing over the loss scale), ``min_progress``
+            (fraction of the starting loss a run should remove), ``memory_fraction``,
+            ``slowdown_ratio``, ``comm_fraction``, ``early_steps`` (an explosion that starts
+            before this step gets the advice for a learning rate far too high).
 
     Returns:
         Findings, root cause first: an empty list for a healthy run. Without a blow-up they come
@@ -133,13 +133,15 @@ def diagnose(
     Example:
         >>> from trainopt.diagnostics import diagnose
         >>> import math
-        >>> healthy = [{"step": t, "loss": 2.3 * math.exp(-t / 30) + 0.01 * (-1) ** t} for t in range(200)]
+        >>> healthy = [{"step": t, "loss": 2.3 * math.exp(-t / 30) + 0.01 * (-1) ** t}
+        ...            for t in range(200)]
         >>> diagnose(healthy, classes=10)
         []
         >>> broken = healthy[:150] + [{"step": t, "loss": math.nan} for t in range(150, 200)]
         >>> [f.symptom for f in diagnose(broken)], diagnose(broken)[0].step
         (['nan_inf'], 150)
-        >>> blown = [{"step": t, "loss": 2.3 if t < 3 else 5e3 if t < 8 else 2.4} for t in range(200)]
+        >>> blown = [{"step": t, "loss": 2.3 if t < 3 else 5e3 if t < 8 else 2.4}
+        ...          for t in range(200)]
         >>> [(f.symptom, f.step, f.after) for f in diagnose(blown, classes=10)]
         [('loss_explosion', 3, None), ('plateau', 8, 3)]
     """

@@ -13,7 +13,8 @@
   (:func:`~trainopt.hpo.workers.run_worker`).
 - :mod:`~trainopt.hpo.storage`: storages with atomic claims and heartbeats, so that a dead
   worker's trial runs again (:func:`~trainopt.hpo.storage.open_storage`).
-- :mod:`~trainopt.hpo.reporter`: :class:`~trainopt.hpo.reporter.TrialReporter`, the training loop's side.
+- :mod:`~trainopt.hpo.reporter`: :class:`~trainopt.hpo.reporter.TrialReporter`, the training
+  loop's side.
 - :mod:`~trainopt.hpo.digits`: the examples' task (AdamW on the digits MLP).
 - :mod:`~trainopt.hpo.plots`: history, importances, learning curves, Pareto front, isolation.
 - ``python -m trainopt.hpo CONFIG --n-trials N``: the command line (:mod:`~trainopt.hpo.cli`).

@@ -22,7 +22,8 @@ from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 HEARTBEAT_ATTR = "trainopt:heartbeat"
-"""The trial system attribute that holds a journal trial's last heartbeat (seconds since the epoch)."""
+"""The trial system attribute that holds a journal trial's last heartbeat (seconds since the
+epoch)."""
 
 WORKER_ATTR = "worker"
 """The trial user attribute that names the worker that runs it: ``host:pid``."""
@@ -31,7 +32,8 @@ BUDGET_ATTR = "trainopt:n_trials"
 """The study system attribute that holds the budget: how many trials the study holds in all."""
 
 RETRY_ATTR = "failed_trial"
-"""The system attribute of a trial queued again in place of a failed one (Optuna's retry callback)."""
+"""The system attribute of a trial queued again in place of a failed one (Optuna's retry
+callback)."""
 
 _claims = threading.local()
 
@@ -57,7 +59,8 @@ class BudgetSpent(Exception):
 
 @contextmanager
 def waiting_trials_only() -> Iterator[None]:
-    """In this thread, while active, a storage from :func:`open_storage` creates trials only within the budget.
+    """In this thread, while active, a storage from :func:`open_storage` creates trials only within
+    the budget.
 
     ``study.ask()`` then claims a waiting trial, or creates one if the study holds fewer trials
     than its budget, or raises :class:`BudgetSpent`: a worker that loses the race for the last
@@ -130,7 +133,8 @@ def set_budget(study: optuna.Study, n_trials: int) -> int:
 
 
 def budget_of(study: optuna.Study) -> int | None:
-    """The study's budget (trials in all, not counting those queued again), or ``None`` if it has none.
+    """The study's budget (trials in all, not counting those queued again), or ``None`` if it has
+    none.
 
     Example:
         >>> from trainopt.hpo import create_study
@@ -142,7 +146,8 @@ def budget_of(study: optuna.Study) -> int | None:
 
 
 def budget_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """The trials that make up the study's budget: all but those queued again after their worker died.
+    """The trials that make up the study's budget: all but those queued again after their worker
+    died.
 
     A trial whose worker stopped beating (or was interrupted) is failed, and a copy is queued;
     the copy takes its place in the budget.

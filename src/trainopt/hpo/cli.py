@@ -1,11 +1,12 @@
 """The tuning command line: tune the objective a config names, on one machine or many.
 
-``python -m trainopt.hpo CONFIG [--n-trials N] [--storage URL]``. The config names your objective (``objective: my_train:objective``) or, without one, tunes the
-digits example (see :mod:`trainopt.hpo.config`). With ``--n-trials`` the command creates the
-study (or tops it up to ``N`` trials in all) and works on it; ``--create-only`` stops after
-that. Without ``--n-trials`` it is one more worker on an existing study: start as many as you
-like, on any machine that reaches the storage. It shows a progress bar, prints the best trial
-(or the Pareto front) and writes the plots.
+``python -m trainopt.hpo CONFIG [--n-trials N] [--storage URL]``. The config names your
+objective (``objective: my_train:objective``) or, without one, tunes the digits example (see
+:mod:`trainopt.hpo.config`). With ``--n-trials`` the command creates the study (or tops it up
+to ``N`` trials in all) and works on it; ``--create-only`` stops after that. Without
+``--n-trials`` it is one more worker on an existing study: start as many as you like, on any
+machine that reaches the storage. It shows a progress bar, prints the best trial (or the Pareto
+front) and writes the plots.
 
 Every check runs before any database file is created and before the first trial: a mistake in
 the config or the arguments, or a config that doesn't match the stored study (its directions),
@@ -173,7 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     timeout=args.timeout,
                 )
         except Terminated as stopped:
-            # the worker queued the trial again (as for Ctrl-C); a requeued job or another worker runs it
+            # the worker queued the trial again (as for Ctrl-C); a requeued job or another worker
+            # runs it
             where = (
                 "between trials" if stopped.trial is None else f"trial {stopped.trial} queued again"
             )
@@ -199,7 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _plots_folder(args: Any, name: str) -> Path | None:
-    """Where the plots go (``None``: nowhere); a file in the way is a mistake, found before any trial."""
+    """Where the plots go (``None``: nowhere); a file in the way is a mistake, found before any
+    trial."""
     if args.no_plots:
         if args.plots is not None:
             raise UsageError("--no-plots", "can't be combined with --plots; give one of them")
@@ -211,7 +214,8 @@ def _plots_folder(args: Any, name: str) -> Path | None:
 
 
 def _device(text: str | None, config: HPOConfig) -> str | None:
-    """``--device`` checked against this machine: a typo or a missing GPU fails before anything runs."""
+    """``--device`` checked against this machine: a typo or a missing GPU fails before anything
+    runs."""
     if text is None:
         return None
     try:
@@ -228,7 +232,8 @@ def _device(text: str | None, config: HPOConfig) -> str | None:
 
 
 def _digits_device(device: str | None, config: HPOConfig) -> str | None:
-    """The device the digits example trains on; for your objective, make a CUDA device the current one."""
+    """The device the digits example trains on; for your objective, make a CUDA device the current
+    one."""
     if config.objective is None:
         return device
     if device is not None and device.startswith("cuda:"):
@@ -251,7 +256,8 @@ class _WrongValues(SystemExit):
 
 
 def _checked(objective: Objective, config: HPOConfig, device: str | None) -> Objective:
-    """``objective`` that records the worker and device on each trial and checks its number of values."""
+    """``objective`` that records the worker and device on each trial and checks its number of
+    values."""
     worker = worker_id()
 
     def run(trial: optuna.Trial, params: dict[str, Any]) -> Any:

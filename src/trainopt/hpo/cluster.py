@@ -26,7 +26,8 @@ from typing import Any
 import optuna
 
 SIGTERM_STATUS = 128 + signal.SIGTERM
-"""The exit status of a worker stopped by SIGTERM (143, as the shell reports a process it killed)."""
+"""The exit status of a worker stopped by SIGTERM (143, as the shell reports a process it
+killed)."""
 
 WORKER_ID_VARIABLES = (
     ("SLURM_ARRAY_TASK_ID", "slurm-array"),
@@ -82,7 +83,8 @@ def local_rank(env: Mapping[str, str] | None = None) -> int:
 def resolve_device(
     text: str, env: Mapping[str, str] | None = None, cuda_count: int | None = None
 ) -> str:
-    """The device ``--device TEXT`` names, checked against the machine; ``ValueError`` says what is allowed.
+    """The device ``--device TEXT`` names, checked against the machine; ``ValueError`` says what
+    is allowed.
 
     ``cpu``, ``cuda`` (the current CUDA device), ``cuda:N`` (N below the number of visible
     devices), or ``auto``: ``cuda:<local rank modulo the device count>`` where CUDA is
@@ -90,7 +92,8 @@ def resolve_device(
 
     Example:
         >>> from trainopt.hpo.cluster import resolve_device
-        >>> resolve_device("auto", {"LOCAL_RANK": "3"}, cuda_count=2), resolve_device("auto", cuda_count=0)
+        >>> (resolve_device("auto", {"LOCAL_RANK": "3"}, cuda_count=2),
+        ...  resolve_device("auto", cuda_count=0))
         ('cuda:1', 'cpu')
         >>> try:
         ...     resolve_device("cuda:2", cuda_count=2)
@@ -185,7 +188,8 @@ class Running:
 
 @contextmanager
 def leave_on_sigterm() -> Iterator[Running]:
-    """While active, the first SIGTERM raises :class:`Terminated` where the worker is; later ones wait.
+    """While active, the first SIGTERM raises :class:`Terminated` where the worker is; later ones
+    wait.
 
     The worker queues the trial it stopped again and exits (its status: 143). A second SIGTERM
     while it does so is ignored, so that the trial is not lost half-way. The previous handler

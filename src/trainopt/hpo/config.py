@@ -1,4 +1,5 @@
-"""The tuning config: what to tune (your objective or the digits example), how, and over which space.
+"""The tuning config: what to tune (your objective or the digits example), how, and over which
+space.
 
 A config is a YAML file with these sections (all but ``search_space`` optional):
 
@@ -127,7 +128,8 @@ class HPOConfig:
         return make_pruner(self.pruner, n_warmup_steps=self.prune_after)
 
     def make_objective(self, device: Any = None) -> Objective:
-        """The objective ``(trial, params) -> value(s)``; ``params`` holds the fixed and the tuned values.
+        """The objective ``(trial, params) -> value(s)``; ``params`` holds the fixed and the tuned
+        values.
 
         ``device`` is where the digits example trains (default: CUDA if available, else CPU);
         your own objective picks its device itself.

@@ -74,7 +74,8 @@ def digits_objective(
     objectives: Sequence[str] = ("val_loss",),
     device: str | torch.device = "cpu",
 ) -> float | list[float]:
-    """Objective for :func:`trainopt.hpo.study.tune`: train with the trial's ``params``, return the objectives.
+    """Objective for :func:`trainopt.hpo.study.tune`: train with the trial's ``params``, return the
+    objectives.
 
     ``params`` may set ``lr``, ``weight_decay``, ``hidden``, ``depth`` and ``batch_size``;
     the rest keep :func:`train_digits`' defaults. ``objectives`` picks from ``"val_loss"``,

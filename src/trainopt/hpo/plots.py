@@ -71,7 +71,8 @@ def plot_history(study: optuna.Study) -> Figure:
 
 
 def importance_evaluator() -> optuna.importance.BaseImportanceEvaluator:
-    """PED-ANOVA, the evaluator behind :func:`plot_importances`, named rather than left to Optuna's default.
+    """PED-ANOVA, the evaluator behind :func:`plot_importances`, named rather than left to Optuna's
+    default.
 
     PED-ANOVA (Watanabe et al., IJCAI 2023) scores a hyperparameter by how much the
     distribution of its values in the best trials (the top 10 %) differs from its distribution
@@ -88,7 +89,8 @@ def importance_evaluator() -> optuna.importance.BaseImportanceEvaluator:
 
 
 def plot_importances(study: optuna.Study) -> Figure:
-    """Which hyperparameters matter for the best trials, by PED-ANOVA (:func:`importance_evaluator`).
+    """Which hyperparameters matter for the best trials, by PED-ANOVA
+    (:func:`importance_evaluator`).
 
     Example:
         >>> import optuna
@@ -168,7 +170,9 @@ def plot_pareto(study: optuna.Study, target_names: list[str] | None = None) -> F
         >>> import optuna
         >>> from trainopt.hpo.plots import plot_pareto
         >>> study = optuna.create_study(directions=["minimize", "minimize"])
-        >>> study.optimize(lambda trial: (x := trial.suggest_float("x", 0, 1), (1 - x) ** 2), n_trials=6)
+        >>> study.optimize(
+        ...     lambda trial: (x := trial.suggest_float("x", 0, 1), (1 - x) ** 2), n_trials=6
+        ... )
         >>> plot_pareto(study, target_names=["loss", "size"]).axes[0].get_ylabel()
         'size'
     """
@@ -266,7 +270,8 @@ def demo_study(
     Example:
         >>> from trainopt.hpo.plots import demo_study
         >>> study = demo_study()
-        >>> len(study.trials), {trial.state.name for trial in study.trials} <= {"COMPLETE", "PRUNED"}
+        >>> states = {trial.state.name for trial in study.trials}
+        >>> len(study.trials), states <= {"COMPLETE", "PRUNED"}
         (16, True)
     """
     key = (objectives, n_trials, steps, seed)

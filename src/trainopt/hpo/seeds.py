@@ -47,7 +47,8 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
         >>> import optuna
         >>> from trainopt.hpo.seeds import TrialSeededSampler
         >>> def draws(n_trials):
-        ...     sampler = TrialSeededSampler(lambda s: optuna.samplers.RandomSampler(seed=s), seed=0)
+        ...     random = optuna.samplers.RandomSampler
+        ...     sampler = TrialSeededSampler(lambda s: random(seed=s), seed=0)
         ...     study = optuna.create_study(sampler=sampler)
         ...     study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=n_trials)
         ...     return [trial.params["x"] for trial in study.trials]

@@ -6,7 +6,8 @@ A search space maps each hyperparameter to a spec:
 - ``{type: int, low: 32, high: 256, step: 32}`` (optionally ``log``),
 - ``{type: categorical, choices: [adamw, sgd]}``.
 
-Bad specs raise :class:`trainopt.config.training.ConfigError` naming the dotted field and what is allowed.
+Bad specs raise :class:`trainopt.config.training.ConfigError` naming the dotted field and what is
+allowed.
 """
 
 from __future__ import annotations
@@ -328,7 +329,8 @@ def with_lr_range_from_finder(
     Example:
         >>> from trainopt.hpo import SearchSpace
         >>> from trainopt.hpo import with_lr_range_from_finder
-        >>> space = SearchSpace.from_dict({"lr": {"type": "float", "low": 1e-5, "high": 1.0, "log": True}})
+        >>> lr = {"type": "float", "low": 1e-5, "high": 1.0, "log": True}
+        >>> space = SearchSpace.from_dict({"lr": lr})
         >>> narrowed = with_lr_range_from_finder(space, 3e-3)
         >>> f'{narrowed["lr"].low:.1e} {narrowed["lr"].high:.1e}', narrowed["lr"].log
         ('3.0e-04 9.0e-03', True)

@@ -55,7 +55,8 @@ from trainopt.hpo.claims import (  # noqa: F401  (BudgetSpent and waiting_trials
 from trainopt.hpo.space import _config_error
 
 MAX_RETRIES = 2
-"""How many times a trial whose worker died is queued again (its params kept); then it stays FAIL."""
+"""How many times a trial whose worker died is queued again (its params kept); then it stays
+FAIL."""
 
 
 def _now() -> datetime:
@@ -193,7 +194,8 @@ class _InMemoryStorage(_ExactBudget, optuna.storages.InMemoryStorage):
 
 
 class _JournalStorage(_ExactBudget, optuna.storages.JournalStorage, BaseHeartbeat):
-    """A journal file with Optuna's heartbeat protocol (which Optuna implements for RDBStorage only).
+    """A journal file with Optuna's heartbeat protocol (which Optuna implements for RDBStorage
+    only).
 
     Why private: the protocol is ``optuna.storages._heartbeat.BaseHeartbeat``; ``study.optimize``
     and ``optuna.storages.fail_stale_trials`` drive any storage that implements it.
@@ -331,7 +333,8 @@ def heartbeat_interval(storage: BaseStorage) -> int | None:
     Example:
         >>> from trainopt.hpo import open_storage
         >>> from trainopt.hpo.storage import heartbeat_interval
-        >>> journal, memory = open_storage("journal:/tmp/trainopt-doctest.log"), open_storage(":memory:")
+        >>> journal = open_storage("journal:/tmp/trainopt-doctest.log")
+        >>> memory = open_storage(":memory:")
         >>> heartbeat_interval(journal), heartbeat_interval(memory)
         (60, None)
     """
@@ -360,7 +363,8 @@ def storage_of(study: optuna.Study) -> BaseStorage:
 
 
 def check_claims_are_safe(study: optuna.Study) -> BaseStorage:
-    """The study's storage, if it came from :func:`open_storage`; else a ``ValueError`` that says how.
+    """The study's storage, if it came from :func:`open_storage`; else a ``ValueError`` that says
+    how.
 
     A plain URL (``optuna.load_study(storage="sqlite:///...")``) gives a storage whose claims
     can race on SQLite and whose budget can grow: two workers could run the same trial.
@@ -378,7 +382,8 @@ def check_claims_are_safe(study: optuna.Study) -> BaseStorage:
     if not isinstance(storage, _ExactBudget):
         raise ValueError(
             f"the study's storage is a plain {type(storage).__name__}: open it with "
-            f"trainopt.hpo.open_storage(url), e.g. optuna.load_study(study_name=..., "
-            f"storage=open_storage(url)), so that workers claim trials atomically, within the budget"
+            "trainopt.hpo.open_storage(url), e.g. optuna.load_study(study_name=..., "
+            "storage=open_storage(url)), so that workers claim trials atomically, within the "
+            "budget"
         )
     return storage

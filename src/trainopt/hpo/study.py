@@ -271,8 +271,8 @@ def tune(
         >>> from trainopt.hpo import tune
         >>> from trainopt.hpo.space import SearchSpace
         >>> space = SearchSpace.from_dict({"x": {"type": "float", "low": 0.0, "high": 1.0}})
-        >>> study = tune(lambda trial, params: (params["x"] - 0.3) ** 2, space, 8, storage=":memory:",
-        ...              sampler="qmc", pruner=None)
+        >>> study = tune(lambda trial, params: (params["x"] - 0.3) ** 2, space, 8,
+        ...              storage=":memory:", sampler="qmc", pruner=None)
         >>> len(study.trials), study.best_value < 0.01
         (8, True)
     """
@@ -331,7 +331,8 @@ def isolation(study: optuna.Study, scientific: str) -> dict[Any, float]:
 
 
 def best_trials_text(study: optuna.Study) -> str:
-    """A short text summary of the budget's trials by state and of the best trial (or the Pareto front).
+    """A short text summary of the budget's trials by state and of the best trial (or the Pareto
+    front).
 
     Trials run again after their worker died are counted apart, as ``retried``.
 

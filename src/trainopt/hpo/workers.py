@@ -44,7 +44,8 @@ _log = logging.getLogger(__name__)
 
 
 def run_trial(trial: optuna.Trial, space: SearchSpace, objective: Objective) -> float | list[float]:
-    """Run ``objective`` on one trial of ``study.optimize``: suggest ``space``, call, check the result.
+    """Run ``objective`` on one trial of ``study.optimize``: suggest ``space``, call, check the
+    result.
 
     A pruned trial (``optuna.TrialPruned``) and a diverged one (``TrialDiverged``, or values
     that are not finite) get a ``reason`` user attribute; a diverged one returns NaN, which
@@ -98,7 +99,8 @@ def run_worker(
     reseed: bool = False,
     timeout: float | None = None,
 ) -> dict[str, int]:
-    """Run trials of ``study`` until its budget is spent; return this worker's counts by final state.
+    """Run trials of ``study`` until its budget is spent; return this worker's counts by final
+    state.
 
     Many processes, on many machines, may run this on the same storage at once: together they
     run the study's budget exactly. The study must come from :func:`~trainopt.hpo.create_study`
@@ -184,7 +186,8 @@ def run_worker(
 
 class _Interrupted(SystemExit):
     """A Ctrl-C in the objective, carried past Optuna (which catches ``KeyboardInterrupt``, records
-    the trial as FAIL and logs it) to :func:`run_worker`, which queues the trial again and raises it."""
+    the trial as FAIL and logs it) to :func:`run_worker`, which queues the trial again and raises
+    it."""
 
     def __init__(self, interrupt: KeyboardInterrupt) -> None:
         super().__init__(130)
@@ -228,7 +231,8 @@ def _log_the_wait(running: list[optuna.trial.FrozenTrial], beat: int, waited_for
 
 
 def _taken_for_dead(study: optuna.Study, current: dict[str, Any], error: Exception) -> bool:
-    """Whether ``error`` came from recording a trial that another worker had failed as stale meanwhile.
+    """Whether ``error`` came from recording a trial that another worker had failed as stale
+    meanwhile.
 
     That happens when this worker missed its heartbeats for the grace period (a paused machine,
     an overloaded one): the trial was taken for dead and queued again. Optuna then can't tell the
@@ -250,7 +254,8 @@ def _taken_for_dead(study: optuna.Study, current: dict[str, Any], error: Excepti
 
 
 def _queue_again(study: optuna.Study, number: int | None) -> None:
-    """Fail the trial ``number`` that an interrupt stopped, if it still runs, and queue a copy in its place."""
+    """Fail the trial ``number`` that an interrupt stopped, if it still runs, and queue a copy in
+    its place."""
     if number is None:
         return
     storage = study._storage

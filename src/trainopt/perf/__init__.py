@@ -1,7 +1,7 @@
 """Performance: the code of the Advanced Performance pages.
 
-- :mod:`~trainopt.perf.precision` and :mod:`~trainopt.perf.rounding`: fp32, tf32, bf16 or fp16 by one
-  name, and stochastic rounding to bf16 (mixed precision page).
+- :mod:`~trainopt.perf.precision` and :mod:`~trainopt.perf.rounding`: fp32, tf32, bf16 or fp16 by
+  one name, and stochastic rounding to bf16 (mixed precision page).
 - :mod:`~trainopt.perf.memory`, :mod:`~trainopt.perf.estimate`, :mod:`~trainopt.perf.peak` and
   :mod:`~trainopt.perf.cross_entropy`: activation checkpointing, memory per phase, snapshots, the
   memory estimate, the peak of a step measured on any device, and the chunked cross-entropy

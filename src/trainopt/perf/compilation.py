@@ -106,7 +106,8 @@ def count_compilations(
         >>> import torch
         >>> from trainopt.perf.compilation import count_compilations
         >>> calls = [(torch.ones(n, 4),) for n in (2, 3, 4, 5)]
-        >>> count_compilations(torch.sin, calls), count_compilations(torch.sin, calls, dynamic=False)
+        >>> (count_compilations(torch.sin, calls),
+        ...  count_compilations(torch.sin, calls, dynamic=False))
         (2, 4)
     """
     torch._dynamo.reset()
@@ -120,7 +121,8 @@ def count_compilations(
 def compile_repeated_blocks(
     model: nn.Module, block_type: type[nn.Module], **compile_kwargs: Any
 ) -> int:
-    """Compile every submodule of type ``block_type`` in place (``nn.Module.compile``); return how many.
+    """Compile every submodule of type ``block_type`` in place (``nn.Module.compile``); return how
+    many.
 
     Regional compilation: the blocks of a transformer share their code, so Dynamo traces one
     and reuses it for the others (parameters are graph inputs), and the compile time is that

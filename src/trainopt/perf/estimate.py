@@ -25,7 +25,8 @@ from trainopt.validation import check_int
 OPTIMIZER_STATE_BYTES: dict[str, int] = {
     name: kind.state_bytes for name, kind in OPTIMIZERS.items()
 }
-"""Bytes of fp32 state per parameter element, by the name of the one vocabulary (``trainopt.config.optimizers``)."""
+"""Bytes of fp32 state per parameter element, by the name of the one vocabulary
+(``trainopt.config.optimizers``)."""
 
 
 OPTIMIZER_IMPLEMENTATIONS: tuple[str, ...] = ("foreach", "fused", "for-loop")
@@ -135,13 +136,15 @@ def gpt_activation_bytes(
     flash/memory-efficient attention, the output (1) and an fp32 log-sum-exp per head — never
     the ``T × T`` scores. A checkpointed block keeps only its fp32 input, ``4·n·h``.
     The head keeps the final LayerNorm input (``4·n·h``), the LM-head input (``a·n·h``),
-    the fp32 log-softmax (``4·n·V``) and the int64 token ids, targets and positions. Under autocast, the bf16 copies of matmul weights that
-    backward needs are counted too (``weight_casts``).
+    the fp32 log-softmax (``4·n·V``) and the int64 token ids, targets and positions. Under
+    autocast, the bf16 copies of matmul weights that backward needs are counted too
+    (``weight_casts``).
 
     Example:
         >>> from trainopt.perf import gpt_activation_bytes
         >>> from trainopt.models import gpt_config
-        >>> parts = gpt_activation_bytes(gpt_config("tiny"), batch_size=2, seq_len=64, precision="fp32")
+        >>> config = gpt_config("tiny")
+        >>> parts = gpt_activation_bytes(config, batch_size=2, seq_len=64, precision="fp32")
         >>> parts["blocks"] == 2 * (128 * 64 * (8 + 14 * 4) + 128 * (16 + 4 * 4))
         True
     """
@@ -300,12 +303,14 @@ def estimate_training_memory(
     """
     if implementation not in OPTIMIZER_IMPLEMENTATIONS:
         raise ValueError(
-            f"implementation must be one of {list(OPTIMIZER_IMPLEMENTATIONS)}, got {implementation!r}"
+            f"implementation must be one of {list(OPTIMIZER_IMPLEMENTATIONS)}, "
+            f"got {implementation!r}"
         )
     check_int("checkpoint_every", checkpoint_every, 0)
     if type(model).__name__ != "GPT" or not hasattr(model, "config"):
         raise TypeError(
-            f"estimate_training_memory counts the parts of trainopt.models.GPT, got a {type(model).__name__}; "
+            "estimate_training_memory counts the parts of trainopt.models.GPT, "
+            f"got a {type(model).__name__}; "
             "for any nn.Module use trainopt.perf.estimate_step_memory(model, example_batch, ...)"
         )
     config = model.config

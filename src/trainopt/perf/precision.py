@@ -40,7 +40,8 @@ class PrecisionNotSupportedError(RuntimeError):
         ...     Precision.from_name("tf32", "cpu")
         ... except PrecisionNotSupportedError as err:
         ...     print(isinstance(err, RuntimeError), err)
-        True precision 'tf32' needs a CUDA GPU, got device 'cpu'; on 'cpu' use one of ['fp32', 'bf16']
+        True precision 'tf32' needs a CUDA GPU, got device 'cpu'; on 'cpu' use one of
+            ['fp32', 'bf16']
     """
 
 
@@ -141,8 +142,9 @@ def _unsupported_reason(name: str, device: torch.device) -> str | None:
 def make_scaler(
     kind: str, device_type: str, init_scale: float = 2.0**16, growth_interval: int = 2000
 ) -> Any:
-    """A dynamic loss scaler: ``"trainopt"`` (:class:`~trainopt.stability.scaling.DynamicLossScaler`)
-    or ``"torch"`` (``torch.amp.GradScaler``); both have GradScaler's interface.
+    """A dynamic loss scaler: ``"trainopt"``
+    (:class:`~trainopt.stability.scaling.DynamicLossScaler`) or ``"torch"``
+    (``torch.amp.GradScaler``); both have GradScaler's interface.
 
     Example:
         >>> from trainopt.perf import make_scaler

@@ -48,7 +48,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def clock_mark(device: str | torch.device) -> Any:
-    """A point in time on ``device``: a CUDA event recorded on the current stream, else ``perf_counter()``.
+    """A point in time on ``device``: a CUDA event recorded on the current stream, else
+    ``perf_counter()``.
 
     The event costs no synchronisation: the GPU stamps it when it reaches it in the stream.
     :func:`elapsed_ms` reads two marks. Every timer of trainopt (:class:`StepTimer`, the

@@ -34,7 +34,8 @@ def stochastic_round_to_bf16(
         >>> x.bfloat16().unique().tolist()  # round to nearest: always down
         [1.0]
         >>> rounded = stochastic_round_to_bf16(x, torch.Generator().manual_seed(0))
-        >>> rounded.unique().tolist(), round((rounded > 1).float().mean().item(), 2)  # up: a quarter
+        >>> up = round((rounded > 1).float().mean().item(), 2)  # a quarter
+        >>> rounded.unique().tolist(), up
         ([1.0, 1.0078125], 0.25)
     """
     x = x.float().contiguous()

@@ -271,7 +271,8 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         >>> from trainopt.perf import read_jsonl
         >>> import tempfile
         >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     monitor = ThroughputMonitor(256, log_every=2, jsonl_path=Path(tmp, "throughput.jsonl"))
+        ...     path = Path(tmp, "throughput.jsonl")
+        ...     monitor = ThroughputMonitor(256, log_every=2, jsonl_path=path)
         ...     for _ in range(5):
         ...         monitor.step()
         ...     records = read_jsonl(Path(tmp, "throughput.jsonl"))

@@ -47,7 +47,8 @@ def make_optimizer(
     optimizer: str | Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer],
     params: Iterable[torch.Tensor],
 ) -> torch.optim.Optimizer:
-    """The optimizer ``optimizer`` names (:data:`OPTIMIZERS`), or ``optimizer(params)`` for a factory.
+    """The optimizer ``optimizer`` names (:data:`OPTIMIZERS`), or ``optimizer(params)`` for a
+    factory.
 
     Example:
         >>> import functools, torch
@@ -55,7 +56,8 @@ def make_optimizer(
         >>> layer = torch.nn.Linear(2, 2)
         >>> type(make_optimizer("adamw", layer.parameters())).__name__
         'AdamW'
-        >>> make_optimizer(functools.partial(torch.optim.SGD, lr=0.1), layer.parameters()).defaults["lr"]
+        >>> sgd = functools.partial(torch.optim.SGD, lr=0.1)
+        >>> make_optimizer(sgd, layer.parameters()).defaults["lr"]
         0.1
     """
     if callable(optimizer):
@@ -99,7 +101,8 @@ def checkpointed(model: nn.Module, checkpointing: Checkpointing) -> Iterator[lis
     Example:
         >>> import torch
         >>> from trainopt.perf.traced_estimate import checkpointed
-        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> nn = torch.nn
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
         >>> with checkpointed(model, ["0", "2"]) as names:
         ...     print(names)
         ['0', '2']
@@ -194,7 +197,8 @@ class _StepTracker(LiveStorageTracker):
 
 @contextlib.contextmanager
 def swapped_tensors(model: nn.Module, replacements: dict[int, torch.Tensor]) -> Iterator[None]:
-    """Put ``replacements[id(t)]`` in place of each parameter and buffer ``t`` of ``model`` in the block.
+    """Put ``replacements[id(t)]`` in place of each parameter and buffer ``t`` of ``model`` in the
+    block.
 
     Tied weights stay tied: a tensor is replaced wherever it appears. Unlike
     ``torch.func.functional_call``, the swap lasts until the block ends, so that the backward
@@ -275,9 +279,12 @@ def estimate_step_memory(
         >>> import torch
         >>> import torch.nn.functional as F
         >>> from trainopt.perf import estimate_step_memory
-        >>> model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+        >>> nn = torch.nn
+        >>> model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 10))
         >>> x, y = torch.randn(256, 512), torch.randint(0, 10, (256,))
-        >>> est = estimate_step_memory(model, x, targets=y, loss_fn=F.cross_entropy, optimizer="adamw")
+        >>> est = estimate_step_memory(
+        ...     model, x, targets=y, loss_fn=F.cross_entropy, optimizer="adamw"
+        ... )
         >>> n = sum(p.numel() for p in model.parameters())
         >>> est.weights == 4 * n and est.optimizer_states == 8 * n + 4 * 4  # two moments, 4 steps
         True

@@ -27,7 +27,8 @@ def base_lrs(optimizer: torch.optim.Optimizer) -> list[float]:
         >>> import torch
         >>> from trainopt.schedules.adapters import base_lrs
         >>> weight, bias = torch.zeros(2, requires_grad=True), torch.zeros(1, requires_grad=True)
-        >>> base_lrs(torch.optim.SGD([{"params": [weight]}, {"params": [bias], "lr": 0.01}], lr=0.1))
+        >>> groups = [{"params": [weight]}, {"params": [bias], "lr": 0.01}]
+        >>> base_lrs(torch.optim.SGD(groups, lr=0.1))
         [0.1, 0.01]
     """
     return [float(group.get("initial_lr", group["lr"])) for group in optimizer.param_groups]
@@ -44,7 +45,8 @@ def min_lr_ratios(optimizer: torch.optim.Optimizer, min_lr: float) -> list[float
         >>> import torch
         >>> from trainopt.schedules.adapters import min_lr_ratios
         >>> weight, bias = torch.zeros(2, requires_grad=True), torch.zeros(1, requires_grad=True)
-        >>> optimizer = torch.optim.SGD([{"params": [weight]}, {"params": [bias], "lr": 0.01}], lr=0.1)
+        >>> groups = [{"params": [weight]}, {"params": [bias], "lr": 0.01}]
+        >>> optimizer = torch.optim.SGD(groups, lr=0.1)
         >>> [round(r, 6) for r in min_lr_ratios(optimizer, min_lr=0.001)]
         [0.01, 0.1]
     """
@@ -63,7 +65,8 @@ def min_lr_ratios(optimizer: torch.optim.Optimizer, min_lr: float) -> list[float
 def linear_warmup_decay_schedule(
     optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 1000
 ) -> LambdaLR:
-    """Linear warm-up from 0 to the base rate, then linear decay to 0 (see :func:`linear_warmup_decay`).
+    """Linear warm-up from 0 to the base rate, then linear decay to 0
+    (see :func:`linear_warmup_decay`).
 
     Example:
         >>> import torch

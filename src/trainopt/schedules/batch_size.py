@@ -22,7 +22,8 @@ def batch_size_rampup(
     .. math::
 
         b(s) = \\begin{cases}
-            \\text{start} + \\text{increment} \\cdot \\lfloor s\\,k / \\text{ramp\\_samples} \\rfloor
+            \\text{start}
+                + \\text{increment} \\cdot \\lfloor s\\,k / \\text{ramp\\_samples} \\rfloor
                 & s < \\text{ramp\\_samples} \\\\
             \\text{end} & \\text{otherwise,}
         \\end{cases}

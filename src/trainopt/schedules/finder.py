@@ -101,10 +101,12 @@ class LearningRateFinder:
         smoothing: float = 0.9,
         diverge_factor: float = 4.0,
     ) -> tuple[list[float], list[float]]:
-        """Train one step per rate from ``start_lr`` to ``end_lr``; return ``(lrs, smoothed_losses)``.
+        """Train one step per rate from ``start_lr`` to ``end_lr``; return
+        ``(lrs, smoothed_losses)``.
 
         The smoothed loss is an exponential moving average with bias correction,
-        :math:`\\hat\\ell_i = a_i / (1 - \\beta^{i+1})` with :math:`a_i = \\beta a_{i-1} + (1-\\beta)\\ell_i`.
+        :math:`\\hat\\ell_i = a_i / (1 - \\beta^{i+1})` with
+        :math:`a_i = \\beta a_{i-1} + (1-\\beta)\\ell_i`.
         The test stops early when a loss is not finite, or when the smoothed loss exceeds the
         best one by ``(diverge_factor - 1) * |best|`` (``smoothed > 4 * best`` for positive
         losses). Each point reads the loss on the host once: the test needs it to decide
@@ -169,7 +171,8 @@ class LearningRateFinder:
         """
         if not 0.0 <= skip_start < 1.0 or not 0.0 <= skip_end < 1.0 or skip_start + skip_end >= 1.0:
             raise ValueError(
-                f"skip_start and skip_end must be in [0, 1) with sum < 1, got {skip_start=}, {skip_end=}"
+                "skip_start and skip_end must be in [0, 1) with sum < 1, "
+                f"got {skip_start=}, {skip_end=}"
             )
         n = len(self.lrs)
         kept = list(zip(self.lrs, self.losses))[int(n * skip_start) : n - int(n * skip_end)]

@@ -77,7 +77,8 @@ def cosine_annealing(
 
 
 def step_decay(step: int, decay_steps: int, decay_rate: float = 0.1) -> float:
-    r"""Multiply by ``decay_rate`` every ``decay_steps`` steps: :math:`m(s) = \gamma^{\lfloor s/k \rfloor}`.
+    r"""Multiply by ``decay_rate`` every ``decay_steps`` steps:
+    :math:`m(s) = \gamma^{\lfloor s/k \rfloor}`.
 
     Example:
         >>> from trainopt.schedules import step_decay
@@ -168,7 +169,8 @@ def cyclical_scale(
 def polynomial_decay(
     step: int, total_steps: int, warmup_steps: int = 0, min_ratio: float = 0.0, power: float = 2.0
 ) -> float:
-    r"""Linear warm-up, then :math:`r + (1 - r)(1 - p)^{k}`, smooth into ``min_ratio`` for :math:`k > 1`.
+    r"""Linear warm-up, then :math:`r + (1 - r)(1 - p)^{k}`, smooth into ``min_ratio`` for
+    :math:`k > 1`.
 
     Example:
         >>> from trainopt.schedules import polynomial_decay

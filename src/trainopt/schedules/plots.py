@@ -144,7 +144,8 @@ def plot_cyclical_modes(
         >>> import matplotlib.pyplot as plt
         >>> fig = plot_cyclical_modes(step_size=10, num_steps=80)
         >>> plt.close(fig)
-        >>> {line.get_label(): round(float(line.get_ydata()[30]), 6) for line in fig.axes[0].get_lines()}
+        >>> lines = fig.axes[0].get_lines()
+        >>> {line.get_label(): round(float(line.get_ydata()[30]), 6) for line in lines}
         {'triangular': 0.001, 'triangular2': 0.00055, 'exp_range': 0.000922}
     """
     fig, ax = _axes(ax)

@@ -137,7 +137,8 @@ def registered_schedulers() -> list[str]:
     Example:
         >>> from trainopt.schedules import registered_schedulers
         >>> names = registered_schedulers()
-        >>> {"cosine_annealing", "cyclical", "step_decay", "wsd"} <= set(names), names == sorted(names)
+        >>> expected = {"cosine_annealing", "cyclical", "step_decay", "wsd"}
+        >>> expected <= set(names), names == sorted(names)
         (True, True)
     """
     return sorted(_REGISTRY)
@@ -175,8 +176,8 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: Any) -> Any:
     """Build a registered scheduler from a config.
 
     ``config`` is a mapping ``{"type": name, **settings}``, a
-    :class:`trainopt.config.training.SchedulerConfig`, or a :class:`trainopt.config.training.Config` (its
-    ``scheduler`` is used).
+    :class:`trainopt.config.training.SchedulerConfig`, or a
+    :class:`trainopt.config.training.Config` (its ``scheduler`` is used).
 
     Example:
         >>> import torch

@@ -1,4 +1,5 @@
-"""Argument checks of the schedules, through :mod:`trainopt.validation`: each error names the argument."""
+"""Argument checks of the schedules, through :mod:`trainopt.validation`: each error names the
+argument."""
 
 from __future__ import annotations
 

@@ -10,8 +10,9 @@
   imported only then;
 - CSV and JSON Lines files with named columns: :mod:`~trainopt.diagnostics.logs.tables`.
 
-Column names are matched to the record schema by :func:`~trainopt.diagnostics.logs.names.canonical_name`
-(``train/loss`` is ``loss``, ``learning_rate`` is ``lr``, ``global_step`` is ``step``...).
+Column names are matched to the record schema by
+:func:`~trainopt.diagnostics.logs.names.canonical_name` (``train/loss`` is ``loss``,
+``learning_rate`` is ``lr``, ``global_step`` is ``step``...).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ FORMATS = ("trainer_state", "tensorboard", "csv", "jsonl")
 """The log formats :func:`read_log` reads."""
 
 ALLOWED = (
-    "a trainer_state.json, a Trainer output folder, TensorBoard event files (events.out.tfevents.*) "
-    "or a folder of them, a .csv or a .jsonl file"
+    "a trainer_state.json, a Trainer output folder, TensorBoard event files "
+    "(events.out.tfevents.*) or a folder of them, a .csv or a .jsonl file"
 )
 
 

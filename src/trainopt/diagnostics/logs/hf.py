@@ -21,7 +21,8 @@ from trainopt.diagnostics.logs.names import LogFormatError, normalize
 
 
 def find_trainer_state(folder: str | Path) -> Path | None:
-    """The ``trainer_state.json`` of a ``Trainer`` output folder: its own, else its latest checkpoint's.
+    """The ``trainer_state.json`` of a ``Trainer`` output folder: its own, else its latest
+    checkpoint's.
 
     Example:
         >>> import tempfile

@@ -1,4 +1,5 @@
-"""The names a log gives its columns, matched to the record schema of :func:`~trainopt.diagnostics.diagnose`."""
+"""The names a log gives its columns, matched to the record schema of
+:func:`~trainopt.diagnostics.diagnose`."""
 
 from __future__ import annotations
 
@@ -73,8 +74,9 @@ def canonical_name(column: str) -> str:
 
     Example:
         >>> from trainopt.diagnostics.logs import canonical_name
-        >>> [canonical_name(c) for c in ("train/loss", "learning_rate", "train/grad_norm", "global_step",
-        ...                              "eval/loss", "lr-AdamW")]
+        >>> names = ("train/loss", "learning_rate", "train/grad_norm", "global_step", "eval/loss",
+        ...          "lr-AdamW")
+        >>> [canonical_name(c) for c in names]
         ['loss', 'lr', 'grad_norm', 'step', 'eval/loss', 'lr-adamw']
     """
     name = column.strip().lower()

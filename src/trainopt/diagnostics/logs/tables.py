@@ -1,4 +1,5 @@
-"""CSV and JSON Lines logs: one row per step, with named columns (a tracker's export, a hand-rolled logger)."""
+"""CSV and JSON Lines logs: one row per step, with named columns (a tracker's export, a
+hand-rolled logger)."""
 
 from __future__ import annotations
 

@@ -20,11 +20,11 @@ def scalars(path: str | Path) -> dict[str, list[tuple[int, float]]]:
     Reads ``add_scalar`` values, and the tensors of the tensorboard plugin's ``scalar`` summary.
 
     Example:
-        >>> import importlib.util
+        >>> from importlib.util import find_spec
         >>> import tempfile
         >>> from pathlib import Path
 
-        .. skip: start if(importlib.util.find_spec("tensorboard") is None, reason="needs tensorboard")
+        .. skip: start if(find_spec("tensorboard") is None, reason="needs tensorboard")
 
         >>> from torch.utils.tensorboard import SummaryWriter
         >>> from trainopt.diagnostics.logs.tensorboard import scalars
@@ -65,11 +65,11 @@ def read_events(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
     A value written twice for the same step keeps the last one (a restarted run rewrites it).
 
     Example:
-        >>> import importlib.util
+        >>> from importlib.util import find_spec
         >>> import tempfile
         >>> from pathlib import Path
 
-        .. skip: start if(importlib.util.find_spec("tensorboard") is None, reason="needs tensorboard")
+        .. skip: start if(find_spec("tensorboard") is None, reason="needs tensorboard")
 
         >>> from torch.utils.tensorboard import SummaryWriter
         >>> from trainopt.diagnostics.logs.tensorboard import read_events

@@ -1,4 +1,5 @@
-"""Tune a Hugging Face ``Trainer`` run with ``python -m trainopt.hpo``: a pruning callback, an example objective.
+"""Tune a Hugging Face ``Trainer`` run with ``python -m trainopt.hpo``: a pruning callback, an
+example objective.
 
 The ``Trainer`` owns the loop, so the trial hears from it through a ``TrainerCallback``: at each
 evaluation, :func:`pruning_callback`'s callback reports ``eval_loss`` at ``state.global_step``
@@ -31,7 +32,8 @@ def _callback_class() -> type:
     from transformers import TrainerCallback
 
     class TrialPruningCallback(TrainerCallback):
-        """Reports each evaluation's ``metric`` to a trial, and prunes it when the pruner says so."""
+        """Reports each evaluation's ``metric`` to a trial, and prunes it when the pruner says
+        so."""
 
         def __init__(self, trial: optuna.Trial, metric: str, prune: bool) -> None:
             self.reporter = TrialReporter(trial, report_every=1, prune=prune)
@@ -91,7 +93,8 @@ def pruning_callback(
 
 
 def rule_data(n: int, seed: int = 0, length: int = 8) -> list[dict[str, torch.Tensor]]:
-    """``n`` token sequences that follow one rule, ``next = (5 * token + 3) % 32``, from a random start.
+    """``n`` token sequences that follow one rule, ``next = (5 * token + 3) % 32``, from a random
+    start.
 
     Example:
         >>> from trainopt.hpo.integrations.hf import rule_data
@@ -107,7 +110,8 @@ def rule_data(n: int, seed: int = 0, length: int = 8) -> list[dict[str, torch.Te
 
 
 def trainer_objective(trial: optuna.Trial, params: dict[str, Any]) -> float:
-    """Train the tiny Llama with the ``Trainer`` at the trial's ``TrainingArguments``; return the last eval loss.
+    """Train the tiny Llama with the ``Trainer`` at the trial's ``TrainingArguments``; return the
+    last eval loss.
 
     ``params`` holds ``TrainingArguments`` fields: the tuned ones (``learning_rate``,
     ``weight_decay``, ``lr_scheduler_type``, ...) and the config's ``fixed`` ones (``max_steps``,
@@ -117,7 +121,8 @@ def trainer_objective(trial: optuna.Trial, params: dict[str, Any]) -> float:
         >>> import optuna
         >>> from trainopt.hpo.integrations.hf import trainer_objective
         >>> trial = optuna.create_study().ask()
-        >>> loss = trainer_objective(trial, {"learning_rate": 1e-1, "max_steps": 20, "eval_steps": 10})
+        >>> params = {"learning_rate": 1e-1, "max_steps": 20, "eval_steps": 10}
+        >>> loss = trainer_objective(trial, params)
         >>> sorted(trial.study.trials[0].intermediate_values), loss < 0.5
         ([10, 20], True)
     """

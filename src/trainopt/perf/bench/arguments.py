@@ -42,7 +42,8 @@ def positive_float(text: str) -> float:
 
 
 def peak_tflops(text: str) -> dict[str, float]:
-    """The argparse ``type`` of ``--peak-tflops`` (:func:`~trainopt.perf.bench.mfu.parse_peak_tflops`).
+    """The argparse ``type`` of ``--peak-tflops``
+    (:func:`~trainopt.perf.bench.mfu.parse_peak_tflops`).
 
     Example:
         >>> from trainopt.perf.bench.arguments import peak_tflops

@@ -1,4 +1,5 @@
-"""``python -m trainopt.perf.bench {matrix,recipe,stability,experiments,all,compare,scaling,compile,estimate}``.
+"""``python -m trainopt.perf.bench
+{matrix,recipe,stability,experiments,all,compare,scaling,compile,estimate}``.
 
 - ``matrix``: vary one field at a time around a base configuration (the first value given for
   each field), or every combination with ``--grid``.
@@ -99,7 +100,7 @@ def build_parser() -> ArgumentParser:
         ['fp32', 'bf16']
     """
     parser = ArgumentParser(
-        prog="python -m trainopt.perf.bench", description=__doc__.splitlines()[0]
+        prog="python -m trainopt.perf.bench", description=" ".join(__doc__.split("\n\n")[0].split())
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
 
@@ -127,7 +128,8 @@ def build_parser() -> ArgumentParser:
             "--peak-tflops",
             type=peak_tflops,
             default=None,
-            help="dense peak for MFU: 400, or bf16=835.5,fp32=60 (needed for a GPU not in the table)",
+            help="dense peak for MFU: 400, or bf16=835.5,fp32=60 "
+            "(needed for a GPU not in the table)",
         )
         p.add_argument(
             "--note", default=None, help="recorded with the results, e.g. 'a shared 2-core VM'"
@@ -559,7 +561,8 @@ def _all(args: argparse.Namespace, command: str) -> dict[str, Any]:
     for name, job in jobs.items():
         if time.perf_counter() - started > args.time_budget:
             print(
-                f"{name}_{args.preset}.json: skipped, time budget of {args.time_budget:g} s reached",
+                f"{name}_{args.preset}.json: skipped, "
+                f"time budget of {args.time_budget:g} s reached",
                 file=sys.stderr,
             )
             continue

@@ -133,8 +133,8 @@ def render_comparison(rows: Sequence[dict[str, Any]]) -> str:
 
     Example:
         >>> from trainopt.perf.bench.compare import render_comparison
-        >>> row = {"name": "tiny", "baseline_s": 0.02, "candidate_s": 0.01, "ratio": 2.0, "low": 1.8,
-        ...        "high": 2.2, "confidence": 0.95, "verdict": "faster"}
+        >>> row = {"name": "tiny", "baseline_s": 0.02, "candidate_s": 0.01, "ratio": 2.0,
+        ...        "low": 1.8, "high": 2.2, "confidence": 0.95, "verdict": "faster"}
         >>> print(render_comparison([row]).splitlines()[2])
         | tiny | 20.00 | 10.00 | 2.00× | 1.80–2.20 | faster |
     """
@@ -144,7 +144,8 @@ def render_comparison(rows: Sequence[dict[str, Any]]) -> str:
         "| --- | ---: | ---: | ---: | ---: | --- |",
     ]
     lines += [
-        f"| {r['name']} | {r['baseline_s'] * 1e3:.2f} | {r['candidate_s'] * 1e3:.2f} | {r['ratio']:.2f}× "
+        f"| {r['name']} | {r['baseline_s'] * 1e3:.2f} | {r['candidate_s'] * 1e3:.2f} "
+        f"| {r['ratio']:.2f}× "
         f"| {r['low']:.2f}–{r['high']:.2f} | {r['verdict']} |"
         for r in rows
     ]

@@ -135,7 +135,8 @@ def build_matrix(
     Example:
         >>> from trainopt.perf.bench import BenchConfig
         >>> from trainopt.perf.bench import build_matrix
-        >>> configs = build_matrix(BenchConfig(), {"precision": ["fp32", "bf16"], "batch_size": [4, 8]})
+        >>> fields = {"precision": ["fp32", "bf16"], "batch_size": [4, 8]}
+        >>> configs = build_matrix(BenchConfig(), fields)
         >>> [c.name for c in configs]
         ['tiny fp32 foreach 8x64', 'tiny bf16 foreach 8x64', 'tiny fp32 foreach 4x64']
     """

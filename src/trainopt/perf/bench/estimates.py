@@ -165,7 +165,8 @@ def encoder_family(
 
 
 def gpt_family(batch_size: int = 8, seq_len: int = 64) -> Family:
-    """The project's GPT (``gpt_config("tiny")``), which returns its loss; checkpointing: its blocks.
+    """The project's GPT (``gpt_config("tiny")``), which returns its loss; checkpointing: its
+    blocks.
 
     Example:
         >>> from trainopt.perf.bench.estimates import gpt_family
@@ -180,15 +181,16 @@ def gpt_family(batch_size: int = 8, seq_len: int = 64) -> Family:
 
 
 def hf_gpt2_family(batch_size: int = 8, seq_len: int = 64) -> Family:
-    """A Hugging Face ``GPT2LMHeadModel`` built from a config (2 layers, width 128): nothing downloaded.
+    """A Hugging Face ``GPT2LMHeadModel`` built from a config (2 layers, width 128): nothing
+    downloaded.
 
     Needs ``transformers`` (``pip install "trainopt[hf]"``); checkpointing: its ``GPT2Block``.
 
     Example:
-        >>> import importlib.util
+        >>> from importlib.util import find_spec
         >>> from trainopt.perf.bench.estimates import hf_gpt2_family
 
-        .. skip: start if(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+        .. skip: start if(find_spec("transformers") is None, reason="needs transformers")
 
         >>> family = hf_gpt2_family()
         >>> family.model(**family.batch).loss.shape

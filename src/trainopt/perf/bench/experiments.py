@@ -1,4 +1,5 @@
-"""The measurements behind the precision, memory, profiling and monitoring pages, on the reference GPT.
+"""The measurements behind the precision, memory, profiling and monitoring pages, on the
+reference GPT.
 
 ``python -m trainopt.perf.bench experiments --size 124m --out perf_h100.json`` (about two
 minutes on an H100; ``all`` runs it too) measures, with the same model, batch and fused AdamW
@@ -131,7 +132,8 @@ def measure(
         >>> from trainopt.perf.bench.experiments import measure
         >>> row = measure("tiny", "fp32", torch.device("cpu"), batch_size=2, seq_len=16,
         ...               steps=2, warmup=1, policy="every block")
-        >>> row["checkpointed_layers"], row["peak_memory_bytes"] > row["estimate_bytes"] * 0.95, row["mfu"]
+        >>> near_estimate = row["peak_memory_bytes"] > row["estimate_bytes"] * 0.95
+        >>> row["checkpointed_layers"], near_estimate, row["mfu"]
         (2, True, None)
     """
     precision = Precision.from_name(precision_name, device, scaler="torch")
@@ -193,7 +195,8 @@ def measure(
 def phase_memory(
     size: str, precision_name: str, device: torch.device, batch_size: int, seq_len: int
 ) -> list[dict[str, Any]]:
-    """Memory after each phase of a steady-state step (forward, backward, optimizer) and the peak in it.
+    """Memory after each phase of a steady-state step (forward, backward, optimizer) and the peak
+    in it.
 
     On CUDA from the allocator (:class:`~trainopt.perf.memory.MemoryTracker`: allocated,
     reserved, peak); on a CPU from live storages (allocated and peak; a CPU has no caching
@@ -205,7 +208,8 @@ def phase_memory(
         >>> rows = phase_memory("tiny", "fp32", torch.device("cpu"), batch_size=2, seq_len=16)
         >>> [r["phase"] for r in rows], rows[0]["reserved"]  # a CPU has no caching allocator
         (['forward', 'backward', 'optimizer'], None)
-        >>> rows[2]["allocated"] < rows[1]["allocated"] <= rows[1]["peak"]  # zero_grad freed the gradients
+        >>> # zero_grad freed the gradients:
+        >>> rows[2]["allocated"] < rows[1]["allocated"] <= rows[1]["peak"]
         True
     """
     precision = Precision.from_name(precision_name, device)
@@ -391,7 +395,8 @@ def _attempt(fn: Any, fallback: Any, **kwargs: Any) -> Any:
     except Exception as exc:  # noqa: BLE001 - one failed configuration must not lose the others
         _free(kwargs["device"])
         print(
-            f"{fn.__name__} {kwargs.get('precision_name')} {kwargs.get('policy', '')} failed: {exc!r}",
+            f"{fn.__name__} {kwargs.get('precision_name')} {kwargs.get('policy', '')} "
+            f"failed: {exc!r}",
             file=sys.stderr,
         )
         if isinstance(fallback, dict):
@@ -432,7 +437,8 @@ def write_snapshot(
 
     Raises:
         ValueError: ``device`` is not a CUDA device (a CPU has no allocator history to record).
-        RuntimeError: CUDA is not available (see :func:`~trainopt.perf.memory.record_memory_history`).
+        RuntimeError: CUDA is not available (see
+            :func:`~trainopt.perf.memory.record_memory_history`).
 
     Example:
         >>> import torch
@@ -450,7 +456,9 @@ def write_snapshot(
         >>> import tempfile
         >>> from pathlib import Path
         >>> path = Path(tempfile.mkdtemp()) / "snapshot.pickle"
-        >>> out = write_snapshot(path, "tiny", "fp32", torch.device("cuda"), batch_size=2, seq_len=16)
+        >>> out = write_snapshot(
+        ...     path, "tiny", "fp32", torch.device("cuda"), batch_size=2, seq_len=16
+        ... )
         >>> traces = pickle.loads(out.read_bytes())["device_traces"][0]
         >>> sum(e["action"] == "alloc" for e in traces) > 0  # three steps' allocations
         True
@@ -459,7 +467,8 @@ def write_snapshot(
     """
     if torch.device(device).type != "cuda":
         raise ValueError(
-            f"write_snapshot records CUDA allocations: device must be a CUDA device, got {str(device)!r}"
+            "write_snapshot records CUDA allocations: device must be a CUDA device, "
+            f"got {str(device)!r}"
         )
     precision = Precision.from_name(precision_name, device)
     model, optimizer = _setup(size, device)

@@ -129,7 +129,8 @@ def make_train_step(
         >>> model = build_model(config, "cpu")
         >>> before = model.lm_head.weight.detach().clone()
         >>> x, y = torch.randint(0, 512, (2, 2, 8))
-        >>> make_train_step(model, build_optimizer(config, model), Precision.from_name("fp32"), x, y)()
+        >>> optimizer, precision = build_optimizer(config, model), Precision.from_name("fp32")
+        >>> make_train_step(model, optimizer, precision, x, y)()
         >>> bool((model.lm_head.weight != before).any()), model.lm_head.weight.grad is None
         (True, True)
     """
@@ -196,7 +197,8 @@ def measure(
     Example:
         >>> from trainopt.perf.bench import measure
         >>> from trainopt.perf.bench.configs import BenchConfig
-        >>> record = measure(BenchConfig(batch_size=2, seq_len=16), steps=2, windows=2, warmup_steps=1)
+        >>> config = BenchConfig(batch_size=2, seq_len=16)
+        >>> record = measure(config, steps=2, windows=2, warmup_steps=1)
         >>> record["status"], record["tokens_per_step"], record["mfu"]  # a CPU has no peak
         ('ok', 32, None)
         >>> record["warmup"]["steps"] >= 1 + 2 * 2  # at least two timed warm-up windows
@@ -466,7 +468,8 @@ def run_matrix(
                         "name": config.name,
                         "config": asdict(config),
                         "status": "error",
-                        "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                        "error": f"{type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}",
                     }
                 record["duration_s"] = time.perf_counter() - begin
                 durations[config.size] = max(durations.get(config.size, 0.0), record["duration_s"])

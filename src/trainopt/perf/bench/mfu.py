@@ -83,8 +83,9 @@ def device_key(device_name: str) -> str | None:
 
     Example:
         >>> from trainopt.perf.bench.mfu import device_key
-        >>> [device_key(n) for n in ("NVIDIA H100 80GB HBM3", "NVIDIA H100 NVL", "NVIDIA A100-SXM4-80GB",
-        ...                          "NVIDIA L40S", "NVIDIA L4", "Tesla T4")]
+        >>> names = ("NVIDIA H100 80GB HBM3", "NVIDIA H100 NVL", "NVIDIA A100-SXM4-80GB",
+        ...          "NVIDIA L40S", "NVIDIA L4", "Tesla T4")
+        >>> [device_key(n) for n in names]
         ['H100 SXM', 'H100 NVL', 'A100', 'L40S', 'L4', None]
     """
     words = device_name.upper().replace("-", " ").split()

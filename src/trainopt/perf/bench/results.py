@@ -5,7 +5,8 @@ JSON object:
 
 .. code-block:: text
 
-    {"schema": 2, "kind": "bench" | "stability" | "experiments" | "scaling" | "compile" | "estimate",
+    {"schema": 2,
+     "kind": "bench" | "stability" | "experiments" | "scaling" | "compile" | "estimate",
      "meta": {date, git_commit, git_dirty, command, note, device, device_name, ..., torch, cuda},
      ...the measurements of that kind}
 
@@ -53,7 +54,8 @@ def environment(
     Example:
         >>> import torch
         >>> from trainopt.perf.bench.results import environment
-        >>> meta = environment("cpu", command="python -m trainopt.perf.bench recipe", note="a laptop")
+        >>> command = "python -m trainopt.perf.bench recipe"
+        >>> meta = environment("cpu", command=command, note="a laptop")
         >>> meta["device"], meta["torch"] == torch.__version__, meta["cpu_count"] > 0, meta["note"]
         ('cpu', True, True, 'a laptop')
     """
@@ -133,7 +135,8 @@ def read_results(source: str | os.PathLike | Results) -> Results | None:
 
     Example:
         >>> from trainopt.perf.bench.results import new_results, read_results
-        >>> read_results("no/such/results.json") is None, read_results(new_results("bench", "cpu"))["kind"]
+        >>> missing = read_results("no/such/results.json")
+        >>> missing is None, read_results(new_results("bench", "cpu"))["kind"]
         (True, 'bench')
     """
     if isinstance(source, dict):
@@ -145,8 +148,9 @@ def read_results(source: str | os.PathLike | Results) -> Results | None:
         results = json.loads(path.read_text())
     if results.get("schema") != SCHEMA or results.get("kind") not in KINDS:
         raise ValueError(
-            f"{source if not isinstance(source, dict) else 'results'}: not a results file of schema "
-            f"{SCHEMA} (kind one of {list(KINDS)}); write it again with python -m trainopt.perf.bench"
+            f"{source if not isinstance(source, dict) else 'results'}: "
+            f"not a results file of schema {SCHEMA} (kind one of {list(KINDS)}); "
+            "write it again with python -m trainopt.perf.bench"
         )
     return results
 
@@ -172,10 +176,12 @@ def label(results: Results) -> str:
     Example:
         >>> from trainopt.perf.bench.results import label
         >>> meta = {"device": "cpu", "device_name": "AMD EPYC", "cpu_count": 2, "torch": "2.13.0",
-        ...         "cuda": None, "date": "2026-11-23T10:00:00+00:00", "git_commit": "0123456789abcdef",
-        ...         "git_dirty": False, "note": "a shared virtual machine"}
+        ...         "cuda": None, "date": "2026-11-23T10:00:00+00:00",
+        ...         "git_commit": "0123456789abcdef", "git_dirty": False,
+        ...         "note": "a shared virtual machine"}
         >>> print(label({"meta": meta}))
-        *CPU (AMD EPYC, 2 cores), torch 2.13.0, 2026-11-23, commit `0123456789`; a shared virtual machine.*
+        *CPU (AMD EPYC, 2 cores), torch 2.13.0, 2026-11-23, commit `0123456789`; a shared virtual
+            machine.*
     """
     meta = results["meta"]
     software = f"torch {meta['torch']}" + (f", CUDA {meta['cuda']}" if meta.get("cuda") else "")

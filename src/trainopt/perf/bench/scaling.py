@@ -121,7 +121,8 @@ def run(
 
     Example:
         >>> from trainopt.perf.bench.scaling import run
-        >>> results = run(2, "tiny", batch_size=2, seq_len=16, steps=2, windows=3, max_warmup_windows=2)
+        >>> results = run(2, "tiny", batch_size=2, seq_len=16, steps=2, windows=3,
+        ...               max_warmup_windows=2)
         >>> results["kind"], sorted(results["tokens_per_s"]), 0 < results["efficiency"]["ratio"] < 2
         ('scaling', ['1', '2'], True)
     """

@@ -79,7 +79,8 @@ def bare_step(
     scheduler: Any = None,
     max_norm: float | None = None,
 ) -> torch.Tensor:
-    """(a) The step with nothing added: autocast forward, backward, clipping, optimizer and scheduler step.
+    """(a) The step with nothing added: autocast forward, backward, clipping, optimizer and
+    scheduler step.
 
     ``max_norm``: clip with :func:`torch.nn.utils.clip_grad_norm_` first (``None``: no clipping).
 
@@ -117,7 +118,8 @@ def per_parameter_sync_step(
     history: list[float],
     max_norm: float = 1.0,
 ) -> torch.Tensor:
-    """(c) A naive monitored step: one ``.item()`` per parameter, ``loss.item()``, a host overflow test.
+    """(c) A naive monitored step: one ``.item()`` per parameter, ``loss.item()``, a host overflow
+    test.
 
     Every ``.item()`` waits for the GPU to finish the work queued so far, so the host cannot run
     ahead and the GPU idles while the host queues the next kernels.
@@ -132,7 +134,9 @@ def per_parameter_sync_step(
         >>> optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         >>> x, y = synthetic_batch(model.config, batch_size=2, seq_len=16)
         >>> history = []
-        >>> loss = per_parameter_sync_step(model, optimizer, lambda: model(x, targets=y), None, history)
+        >>> def closure():
+        ...     return model(x, targets=y)
+        >>> loss = per_parameter_sync_step(model, optimizer, closure, None, history)
         >>> len(history), history[0] == loss.item()  # the loss went to the host
         (1, True)
     """

@@ -38,8 +38,9 @@ def interleaved_windows(
         >>> times = interleaved_windows({"short": lambda: time.sleep(0.002),
         ...                              "long": lambda: time.sleep(0.02)},
         ...                             "cpu", steps_per_window=2, windows=3)
-        >>> [len(times["short"]),
-        ...  len(times["long"])], statistics.median(times["long"]) > statistics.median(times["short"])
+        >>> median = statistics.median
+        >>> lengths = [len(times["short"]), len(times["long"])]
+        >>> lengths, median(times["long"]) > median(times["short"])
         ([3, 3], True)
     """
     timers = {name: StepTimer(device, warmup=0) for name in steps}
@@ -58,7 +59,8 @@ def interleaved_windows(
 def time_windows(
     step: Callable[[], Any], device: str | torch.device, steps: int, windows: int
 ) -> list[float]:
-    """Seconds per step in each of ``windows`` windows of ``steps`` steps (:func:`interleaved_windows`).
+    """Seconds per step in each of ``windows`` windows of ``steps`` steps
+    (:func:`interleaved_windows`).
 
     Example:
         >>> from trainopt.perf.bench.timer import time_windows

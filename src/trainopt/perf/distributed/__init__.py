@@ -9,7 +9,8 @@ Everything here calls torch's own machinery; nothing sends bytes by itself.
 - :mod:`~trainopt.perf.distributed.fsdp`: FSDP2 sharding and the ZeRO memory formula.
 - :mod:`~trainopt.perf.distributed.loss`: a token loss normalised by the global token count,
   exact under accumulation and across ranks whatever the padding.
-- :mod:`~trainopt.perf.distributed.checkpoint`: sharded checkpoints (``torch.distributed.checkpoint``).
+- :mod:`~trainopt.perf.distributed.checkpoint`: sharded checkpoints
+  (``torch.distributed.checkpoint``).
 - :mod:`~trainopt.perf.distributed.agreement`: decisions that must be the same on every rank.
 - :mod:`~trainopt.perf.distributed.checks` and :mod:`~trainopt.perf.distributed.compression`:
   the page's multi-process checks, which train one way on several ranks and one way in one

@@ -53,7 +53,8 @@ class GradientScaleError(AssertionError):
 def gradient_scale(
     grads: Sequence[torch.Tensor], reference: Sequence[torch.Tensor]
 ) -> tuple[float, float]:
-    """``(scale, cosine)``: the factor ``s`` minimising ``‖g − s·g_ref‖`` and the cosine of the angle.
+    """``(scale, cosine)``: the factor ``s`` minimising ``‖g − s·g_ref‖`` and the cosine of the
+    angle.
 
     Example:
         >>> import torch

@@ -1,9 +1,9 @@
 """Checks that distributed training computes what one process computes.
 
 Each ``*_check`` function runs on every rank of a process group (start it with
-``launch(fn, 2)``, :func:`~trainopt.perf.distributed.processes.launch`, or under ``torchrun``), trains the
-tiny reference GPT on its share of a batch, trains the same model in one process on the whole
-batch as a reference, and returns numbers to compare: the largest parameter difference,
+``launch(fn, 2)``, :func:`~trainopt.perf.distributed.processes.launch`, or under ``torchrun``),
+trains the tiny reference GPT on its share of a batch, trains the same model in one process on
+the whole batch as a reference, and returns numbers to compare: the largest parameter difference,
 all-reduce counts, gradient errors. The functions live here, in an importable module, because
 spawned processes import what they run.
 
@@ -331,7 +331,8 @@ def _flat_grad(model: nn.Module) -> torch.Tensor:
 def token_loss_check(
     accumulation_steps: int = 2, seed: int = 0, lengths: Sequence[int] = LENGTHS
 ) -> dict[str, Any]:
-    """Padded sequences of different lengths: mean losses per rank or micro-batch against the token mean.
+    """Padded sequences of different lengths: mean losses per rank or micro-batch against the
+    token mean.
 
     Sequence ``i`` of the batch counts its first ``lengths[i]`` targets; the rest are
     ``IGNORE_INDEX`` (padding). The reference is one process's gradient of the mean over every
@@ -383,10 +384,11 @@ def rank_consistent_skip_check(
     """Rank ``bad_rank`` sees a NaN loss at ``bad_step``; each rank decides whether to skip it.
 
     Runs three times: ``"agreed"``, where the decision is
-    :func:`~trainopt.perf.distributed.agreement.any_rank` of the local flags; ``"local"``, where each
-    rank trusts its own loss; ``"helper"``, where
-    :func:`~trainopt.perf.distributed.agreement.step_unless_any_rank_nonfinite` decides and steps. Each run returns the local flags, the
-    decisions, and the parameters as one flat tensor (to compare ranks).
+    :func:`~trainopt.perf.distributed.agreement.any_rank` of the local flags; ``"local"``, where
+    each rank trusts its own loss; ``"helper"``, where
+    :func:`~trainopt.perf.distributed.agreement.step_unless_any_rank_nonfinite` decides and
+    steps. Each run returns the local flags, the decisions, and the parameters as one flat tensor
+    (to compare ranks).
 
     Example:
         >>> from trainopt.perf.distributed import single_process_group

@@ -99,7 +99,8 @@ def shard_model(
         >>> with single_process_group():
         ...     model = GPT(gpt_config("tiny"))
         ...     model = shard_model(model, model.blocks, param_dtype=torch.bfloat16)
-        ...     isinstance(model.blocks[0], load_fsdp2().FSDPModule), type(model.wte.weight).__name__
+        ...     sharded = isinstance(model.blocks[0], load_fsdp2().FSDPModule)
+        ...     sharded, type(model.wte.weight).__name__
         (True, 'DTensor')
     """
     fsdp = load_fsdp2()

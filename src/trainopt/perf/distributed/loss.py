@@ -81,7 +81,8 @@ def token_normalized_loss(
         >>> logits = torch.randn(2, 3, 10)
         >>> y = torch.tensor([[5, 7, -100], [1, -100, -100]])
         >>> tokens = global_token_count(y.chunk(2))
-        >>> parts = [token_normalized_loss(l, t, tokens) for l, t in zip(logits.chunk(2), y.chunk(2))]
+        >>> parts = [token_normalized_loss(l, t, tokens)
+        ...          for l, t in zip(logits.chunk(2), y.chunk(2))]
         >>> mean = F.cross_entropy(logits.flatten(0, 1), y.flatten())  # the whole batch at once
         >>> torch.allclose(sum(parts), mean)
         True
