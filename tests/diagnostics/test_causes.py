@@ -14,10 +14,10 @@ from itertools import combinations
 
 import pytest
 
-from trainopt.diagnostics import SYMPTOMS, diagnose
+from trainopt.diagnostics import diagnose
 from trainopt.diagnostics.advice import ADVICE, AFTER_BLOW_UP, BESIDE_BLOW_UP, EARLY, advice
 from trainopt.diagnostics.causes import root_cause_first
-from trainopt.diagnostics.findings import BLOW_UPS, DYNAMICS, finding
+from trainopt.diagnostics.findings import BLOW_UPS, DYNAMICS, SYMPTOMS, finding
 
 N = 300
 SHAPES = ("plateau", "slow_convergence", "diverging", "oscillating")

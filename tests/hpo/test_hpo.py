@@ -26,7 +26,6 @@ from trainopt.hpo import (
     TrialReporter,
     create_study,
     load_hpo_config,
-    load_search_space,
     lr_bounds_from_finder,
     make_pruner,
     make_sampler,
@@ -44,6 +43,7 @@ from trainopt.hpo.plots import (
     plot_pareto,
     save_plots,
 )
+from trainopt.hpo.space import load_search_space
 from trainopt.models import digits_data
 
 ROOT = Path(__file__).resolve().parents[2]

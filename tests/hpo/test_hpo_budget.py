@@ -11,13 +11,13 @@ from optuna.trial import TrialState
 
 from trainopt.hpo import (
     SearchSpace,
-    best_trials_text,
     budget_trials,
     create_study,
     open_storage,
     run_worker,
 )
 from trainopt.hpo.storage import storage_of, waiting_trials_only
+from trainopt.hpo.study import best_trials_text
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 X = SearchSpace.from_dict({"x": {"type": "float", "low": 0.0, "high": 1.0}})

@@ -31,7 +31,8 @@ from scheduler_configs import PROJECT, SCHEDULERS, TORCH
 from torch.optim import lr_scheduler as ls
 
 import trainopt.schedules
-from trainopt.schedules import SchedulerInterface, registered_schedulers
+from trainopt.schedules import SchedulerInterface
+from trainopt.schedules.registry import registered_schedulers
 from trainopt.stability.checkpoint import CheckpointManager
 
 HERE = Path(__file__).resolve().parent

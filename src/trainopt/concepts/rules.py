@@ -331,7 +331,7 @@ def scale_loss(loss: Tensor, scale: float | Tensor) -> Tensor:
 
     Example:
         >>> import torch
-        >>> from trainopt.concepts import scale_loss
+        >>> from trainopt.concepts.rules import scale_loss
         >>> scale_loss(torch.tensor(0.5), 1024.0)
         tensor(512.)
     """

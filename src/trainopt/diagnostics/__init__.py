@@ -22,9 +22,9 @@ tables, are the site's workshop (``trainopt_site.diagnostics``, beside the pages
 this package.
 """
 
-from trainopt.diagnostics.findings import SYMPTOMS, Finding
+from trainopt.diagnostics.findings import Finding
 from trainopt.diagnostics.known_causes import generate_run
 from trainopt.diagnostics.records import load_records
 from trainopt.diagnostics.symptoms import diagnose
 
-__all__ = ["SYMPTOMS", "Finding", "diagnose", "generate_run", "load_records"]
+__all__ = ["Finding", "diagnose", "generate_run", "load_records"]

@@ -220,7 +220,7 @@ def advice(
     """The advice for ``symptom``: on its own, in the first steps, or after or beside a blow-up.
 
     Args:
-        symptom: One of :data:`trainopt.diagnostics.SYMPTOMS`.
+        symptom: One of :data:`trainopt.diagnostics.findings.SYMPTOMS`.
         early: The symptom is an explosion in the first steps of the run.
         after: The blow-up it follows, e.g. ``"loss explosion at step 5"``.
         beside: A later blow-up of the same run (for a plateau or slow convergence before it).

@@ -52,8 +52,8 @@ def root_cause_first(findings: list[Finding], nan_overflowed: bool = False) -> l
             arrives out of nowhere (bad data) is a root cause of its own and comes first.
 
     Returns:
-        Without a blow-up, the findings in :data:`~trainopt.diagnostics.SYMPTOMS` order. With one:
-        an independent NaN, then the earliest blow-up (and any that start with it), then the
+        Without a blow-up, the findings in :data:`~trainopt.diagnostics.findings.SYMPTOMS`
+        order. With one: an independent NaN, then the earliest blow-up (and any that start with it), then the
         symptoms that followed it, tied to it (``after`` is its step), then the rest.
 
     Example:

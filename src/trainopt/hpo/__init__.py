@@ -20,21 +20,17 @@
 - ``python -m trainopt.hpo CONFIG --n-trials N``: the command line (:mod:`~trainopt.hpo.cli`).
 """
 
-from trainopt.hpo.config import HPOConfig, load_hpo_config, load_objective
+from trainopt.hpo.config import HPOConfig, load_hpo_config
 from trainopt.hpo.reporter import TrialDiverged, TrialReporter
 from trainopt.hpo.space import (
     ParamSpec,
     SearchSpace,
-    load_search_space,
     lr_bounds_from_finder,
     params_at_edge,
     with_lr_range_from_finder,
 )
 from trainopt.hpo.storage import open_storage
 from trainopt.hpo.study import (
-    PRUNERS,
-    SAMPLERS,
-    best_trials_text,
     budget_trials,
     create_study,
     isolation,
@@ -45,20 +41,15 @@ from trainopt.hpo.study import (
 from trainopt.hpo.workers import run_trial, run_worker
 
 __all__ = [
-    "PRUNERS",
-    "SAMPLERS",
     "HPOConfig",
     "ParamSpec",
     "SearchSpace",
     "TrialDiverged",
     "TrialReporter",
-    "best_trials_text",
     "budget_trials",
     "create_study",
     "isolation",
     "load_hpo_config",
-    "load_objective",
-    "load_search_space",
     "lr_bounds_from_finder",
     "make_pruner",
     "make_sampler",

@@ -67,8 +67,8 @@ class HPOConfig:
             objective returns (default: those of ``objectives`` for the digits example, else
             ``("minimize",)``).
         objectives: The digits example's metrics, from ``val_loss``, ``val_accuracy``, ``n_params``.
-        sampler: One of ``trainopt.hpo.SAMPLERS``.
-        pruner: One of ``trainopt.hpo.PRUNERS``, or ``None`` (the only choice for several
+        sampler: One of ``trainopt.hpo.study.SAMPLERS``.
+        pruner: One of ``trainopt.hpo.study.PRUNERS``, or ``None`` (the only choice for several
             objectives: Optuna can't prune a multi-objective study).
         prune_after: No trial is pruned before this step.
         seed: Seed of the sampler.
@@ -161,7 +161,7 @@ def load_objective(reference: str, field_name: str = "objective") -> Callable[..
 
     Example:
         >>> import textwrap
-        >>> from trainopt.hpo import load_objective
+        >>> from trainopt.hpo.config import load_objective
         >>> load_objective("trainopt.hpo.digits:digits_objective").__name__
         'digits_objective'
         >>> try:

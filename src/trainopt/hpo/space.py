@@ -237,7 +237,7 @@ def load_search_space(
         key: Top-level key that holds the space (``None``: the whole document is the space).
 
     Example:
-        >>> from trainopt.hpo import load_search_space
+        >>> from trainopt.hpo.space import load_search_space
         >>> space = load_search_space({"search_space": {"wd": {"type": "float", "low": 1e-5,
         ...                                                    "high": 1e-1, "log": True}}})
         >>> space["wd"].log, space["wd"].high

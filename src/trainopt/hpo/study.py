@@ -337,7 +337,7 @@ def best_trials_text(study: optuna.Study) -> str:
     Trials run again after their worker died are counted apart, as ``retried``.
 
     Example:
-        >>> from trainopt.hpo import best_trials_text
+        >>> from trainopt.hpo.study import best_trials_text
         >>> from trainopt.hpo import tune
         >>> from trainopt.hpo.space import SearchSpace
         >>> space = SearchSpace.from_dict({"x": {"type": "categorical", "choices": [1, 2]}})

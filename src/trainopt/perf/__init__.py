@@ -21,7 +21,6 @@ from trainopt.perf.bench.mfu import mfu
 from trainopt.perf.cross_entropy import chunked_linear_cross_entropy
 from trainopt.perf.estimate import (
     MemoryEstimate,
-    bytes_per_parameter,
     estimate_training_memory,
     gpt_activation_bytes,
     optimizer_state_bytes,
@@ -33,12 +32,10 @@ from trainopt.perf.memory import (
     apply_activation_checkpointing,
     expandable_segments_in_use,
     record_memory_history,
-    remove_activation_checkpointing,
     saved_activation_bytes,
 )
 from trainopt.perf.peak import LiveStorageTracker, measure_peak_memory
 from trainopt.perf.precision import (
-    PRECISIONS,
     MatmulSettings,
     Precision,
     PrecisionNotSupportedError,
@@ -51,11 +48,8 @@ from trainopt.perf.profiling import (
     LoaderWait,
     StepProfiler,
     StepTimer,
-    clock_mark,
-    elapsed_ms,
     percentile,
     profile_steps,
-    summarize,
 )
 from trainopt.perf.rounding import stochastic_round_to_bf16
 from trainopt.perf.throughput import (
@@ -69,7 +63,6 @@ from trainopt.perf.updates import UpdateRatioMonitor
 
 __all__ = [
     "LoaderWait",  # profiling: the data-loader wait
-    "PRECISIONS",
     "LiveStorageTracker",
     "MatmulSettings",
     "MemoryEstimate",
@@ -85,11 +78,8 @@ __all__ = [
     "UpdateRatioMonitor",
     "allocator_settings",
     "apply_activation_checkpointing",
-    "bytes_per_parameter",
     "check_supported",
     "chunked_linear_cross_entropy",
-    "clock_mark",
-    "elapsed_ms",
     "estimate_step_memory",
     "estimate_training_memory",
     "expandable_segments_in_use",
@@ -103,9 +93,7 @@ __all__ = [
     "profile_steps",
     "read_jsonl",
     "record_memory_history",
-    "remove_activation_checkpointing",
     "saved_activation_bytes",
     "stochastic_round_to_bf16",
-    "summarize",
     "supported_precisions",
 ]

@@ -56,7 +56,7 @@ def bytes_per_parameter(
 
     Example:
         >>> import torch
-        >>> from trainopt.perf import bytes_per_parameter
+        >>> from trainopt.perf.estimate import bytes_per_parameter
         >>> bytes_per_parameter("adamw")
         {'weights': 4, 'gradients': 4, 'optimizer_states': 8, 'master_weights': 0}
         >>> sum(bytes_per_parameter("adamw", torch.bfloat16, master_weights=True).values())

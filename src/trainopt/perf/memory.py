@@ -118,7 +118,7 @@ def remove_activation_checkpointing(model: nn.Module) -> list[str]:
 
     Example:
         >>> from trainopt.perf import apply_activation_checkpointing
-        >>> from trainopt.perf import remove_activation_checkpointing
+        >>> from trainopt.perf.memory import remove_activation_checkpointing
         >>> from trainopt.models import GPT, Block, gpt_config
         >>> model = GPT(gpt_config("tiny"))
         >>> apply_activation_checkpointing(model, Block)

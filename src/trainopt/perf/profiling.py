@@ -87,7 +87,7 @@ def summarize(times_ms: Sequence[float]) -> dict[str, float]:
     """Count, mean, median, p10, p90 and p99 of step times in milliseconds.
 
     Example:
-        >>> from trainopt.perf import summarize
+        >>> from trainopt.perf.profiling import summarize
         >>> summarize([10.0, 12.0, 11.0])["median_ms"]
         11.0
     """

@@ -24,13 +24,9 @@ from trainopt.schedules.cyclical import CyclicalLearningRate
 from trainopt.schedules.debug import debug_lr_schedule
 from trainopt.schedules.finder import LearningRateFinder
 from trainopt.schedules.functions import (
-    CYCLE_MODES,
-    DECAY_SHAPES,
     cosine_annealing,
     cyclical_scale,
-    linear_warmup,
     linear_warmup_decay,
-    polynomial_decay,
     step_decay,
     warmup_stable_decay,
 )
@@ -40,13 +36,9 @@ from trainopt.schedules.registry import (
     SchedulerInterface,
     build_scheduler,
     register_scheduler,
-    registered_schedulers,
-    scheduler_parameters,
 )
 
 __all__ = [
-    "CYCLE_MODES",
-    "DECAY_SHAPES",
     "AdaptiveLearningRate",
     "CyclicalLearningRate",
     "LRMonitor",
@@ -59,13 +51,9 @@ __all__ = [
     "cosine_annealing_schedule",
     "cyclical_scale",
     "debug_lr_schedule",
-    "linear_warmup",
     "linear_warmup_decay",
     "linear_warmup_decay_schedule",
-    "polynomial_decay",
     "register_scheduler",
-    "registered_schedulers",
-    "scheduler_parameters",
     "step_decay",
     "rampup_steps",
     "step_decay_schedule",

@@ -22,7 +22,7 @@ def linear_warmup(step: int, warmup_steps: int) -> float:
     r"""Linear warm-up from 0 to 1: :math:`s / w` for :math:`s < w`, then 1.
 
     Example:
-        >>> from trainopt.schedules import linear_warmup
+        >>> from trainopt.schedules.functions import linear_warmup
         >>> [linear_warmup(s, warmup_steps=4) for s in range(6)]
         [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
     """
@@ -173,7 +173,7 @@ def polynomial_decay(
     :math:`k > 1`.
 
     Example:
-        >>> from trainopt.schedules import polynomial_decay
+        >>> from trainopt.schedules.functions import polynomial_decay
         >>> [polynomial_decay(s, total_steps=4, power=2.0) for s in (0, 2, 4, 8)]
         [1.0, 0.25, 0.0, 0.0]
     """

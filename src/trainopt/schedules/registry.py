@@ -113,7 +113,7 @@ def register_scheduler(name: str, factory: SchedulerFactory | None = None) -> An
     Example:
         >>> from trainopt.schedules import PolynomialDecaySchedule
         >>> from trainopt.schedules import register_scheduler
-        >>> from trainopt.schedules import registered_schedulers
+        >>> from trainopt.schedules.registry import registered_schedulers
         >>> register_scheduler("polynomial", PolynomialDecaySchedule)
         <class 'trainopt.schedules.registry.PolynomialDecaySchedule'>
         >>> "polynomial" in registered_schedulers()
@@ -135,7 +135,7 @@ def registered_schedulers() -> list[str]:
     """Names :func:`build_scheduler` accepts, sorted.
 
     Example:
-        >>> from trainopt.schedules import registered_schedulers
+        >>> from trainopt.schedules.registry import registered_schedulers
         >>> names = registered_schedulers()
         >>> expected = {"cosine_annealing", "cyclical", "step_decay", "wsd"}
         >>> expected <= set(names), names == sorted(names)
@@ -151,7 +151,7 @@ def scheduler_parameters(name: str) -> dict[str, Any]:
     from the optimizer, not from a config.
 
     Example:
-        >>> from trainopt.schedules import scheduler_parameters
+        >>> from trainopt.schedules.registry import scheduler_parameters
         >>> params = scheduler_parameters("cosine_annealing")
         >>> list(params), params["warmup_steps"].default
         (['total_steps', 'warmup_steps', 'min_lr'], 1000)

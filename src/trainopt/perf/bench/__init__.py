@@ -7,14 +7,12 @@
 
 from trainopt.perf.bench.configs import BenchConfig, build_matrix
 from trainopt.perf.bench.harness import measure, recipe_pair, run_matrix
-from trainopt.perf.bench.results import read_results
 from trainopt.perf.bench.summary import summary
 
 __all__ = [
     "BenchConfig",
     "build_matrix",
     "measure",
-    "read_results",
     "recipe_pair",
     "run_matrix",
     "summary",

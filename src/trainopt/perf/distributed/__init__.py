@@ -22,14 +22,10 @@ from trainopt.perf.distributed.agreement import (
     any_rank,
     broadcast_from_rank0,
     check_gradient_scale,
-    gradient_scale,
-    is_main_process,
-    nonfinite_flag,
     step_unless_any_rank_nonfinite,
 )
 from trainopt.perf.distributed.checkpoint import load_sharded, save_sharded
 from trainopt.perf.distributed.ddp import (
-    CommCounter,
     gradient_sync,
     register_comm_hook,
     wrap_ddp,
@@ -41,12 +37,10 @@ from trainopt.perf.distributed.processes import (
     init_from_env,
     launch,
     rank_and_world_size,
-    rank_device,
     single_process_group,
 )
 
 __all__ = [
-    "CommCounter",
     "GradientScaleError",
     "WorkerError",
     "any_rank",
@@ -54,16 +48,12 @@ __all__ = [
     "check_gradient_scale",
     "fsdp2_available",
     "global_token_count",
-    "gradient_scale",
     "gradient_sync",
     "init_from_env",
-    "is_main_process",
     "launch",
     "load_sharded",
     "memory_per_rank",
-    "nonfinite_flag",
     "rank_and_world_size",
-    "rank_device",
     "register_comm_hook",
     "save_sharded",
     "shard_model",

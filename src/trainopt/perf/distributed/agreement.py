@@ -58,7 +58,7 @@ def gradient_scale(
 
     Example:
         >>> import torch
-        >>> from trainopt.perf.distributed import gradient_scale
+        >>> from trainopt.perf.distributed.agreement import gradient_scale
         >>> g = [torch.tensor([1.0, 2.0]), torch.tensor([3.0])]
         >>> gradient_scale([4 * t for t in g], g)
         (4.0, 1.0)
@@ -172,7 +172,7 @@ def nonfinite_flag(loss: torch.Tensor, parameters: Iterable[nn.Parameter]) -> to
 
     Example:
         >>> import torch
-        >>> from trainopt.perf.distributed import nonfinite_flag
+        >>> from trainopt.perf.distributed.agreement import nonfinite_flag
         >>> layer = torch.nn.Linear(2, 1)
         >>> loss = layer(torch.ones(1, 2)).sum()
         >>> loss.backward()

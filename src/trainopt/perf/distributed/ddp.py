@@ -66,7 +66,7 @@ class CommCounter:
     Example:
         >>> from trainopt.perf.distributed import single_process_group
         >>> import torch
-        >>> from trainopt.perf.distributed import CommCounter
+        >>> from trainopt.perf.distributed.ddp import CommCounter
         >>> from trainopt.perf.distributed import register_comm_hook
         >>> from trainopt.perf.distributed import wrap_ddp
         >>> counter = CommCounter()

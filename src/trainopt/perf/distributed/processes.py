@@ -91,7 +91,7 @@ def rank_device() -> torch.device:
     """The device of this rank: ``cuda:<LOCAL_RANK>`` under NCCL, else the CPU.
 
     Example:
-        >>> from trainopt.perf.distributed import rank_device
+        >>> from trainopt.perf.distributed.processes import rank_device
         >>> from trainopt.perf.distributed import single_process_group
         >>> with single_process_group("gloo"):
         ...     rank_device()
