@@ -53,8 +53,8 @@ def root_cause_first(findings: list[Finding], nan_overflowed: bool = False) -> l
 
     Returns:
         Without a blow-up, the findings in :data:`~trainopt.diagnostics.findings.SYMPTOMS`
-        order. With one: an independent NaN, then the earliest blow-up (and any that start with it), then the
-        symptoms that followed it, tied to it (``after`` is its step), then the rest.
+        order. With one: an independent NaN, then the earliest blow-up (and any that start with
+        it), then the symptoms that followed it, tied to it (``after`` is its step), then the rest.
 
     Example:
         >>> from trainopt.diagnostics.causes import root_cause_first
