@@ -19,8 +19,9 @@ class UpdateRatioMonitor:
 
     On a checked step the monitor copies the parameters before the step (memory: one copy of
     the weights, on that step only) and computes every ratio with foreach kernels after it,
-    into one device tensor. Typical values are around ``1e-3`` per step; a layer far above the
-    others, or a sudden jump, comes before many loss spikes.
+    into one device tensor. With Adam a tensor's ratio is at most about ``lr / RMS(w)`` per
+    step (SGD's rule of thumb of ``1e-3`` does not apply); a layer far above the others, or a
+    sudden jump, is a step that moved further than the rest.
 
     Args:
         model: The module whose parameters (those that require gradients) are watched.
