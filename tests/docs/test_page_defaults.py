@@ -52,6 +52,7 @@ def test_median_pruner_warm_up_trainopt_4_optuna_5():
     default = inspect.signature(optuna.pruners.MedianPruner).parameters["n_startup_trials"]
     assert default.default == 5
     assert make_pruner("median")._n_startup_trials == 4
+    assert isinstance(optuna.create_study().pruner, optuna.pruners.MedianPruner)  # HF's search
 
 
 def test_transformers_defaults():
