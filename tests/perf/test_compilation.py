@@ -124,3 +124,13 @@ def test_a_missing_compile_file_names_its_command() -> None:
     assert "python -m trainopt.perf.bench compile --out docs/_data/compile_h100.json" in " ".join(
         render("compile_h100.json").split()
     )
+
+
+def test_the_cuda_graph_defaults_the_page_states() -> None:
+    # compilation.md, "CUDA graphs and what they cost": graph partitioning on, dynamic-shape
+    # graphs recorded (not skipped), a warning past 8 recorded sizes
+    from torch._inductor import config as inductor
+
+    assert inductor.graph_partition is True
+    assert inductor.triton.cudagraph_skip_dynamic_graphs is False
+    assert inductor.triton.cudagraph_dynamic_shape_warn_limit == 8

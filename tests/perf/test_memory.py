@@ -463,3 +463,9 @@ def test_optimizer_state_bytes_of_8bit_adamw_is_a_quarter_of_adamw_on_large_tens
     assert optimizer_state_bytes([small], "adamw8bit") == optimizer_state_bytes([small], "adamw")
     with pytest.raises(ValueError, match="optimizer must be one of"):
         optimizer_state_bytes([small], "lion")
+
+
+def test_torch_accelerator_reads_the_allocator_statistics_the_page_names() -> None:
+    # memory-optimization.md, "Measure the peak on any device": not only torch.cuda has them
+    for name in ("memory_allocated", "max_memory_allocated", "memory_stats"):
+        assert callable(getattr(torch.accelerator, name))

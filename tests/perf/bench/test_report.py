@@ -313,3 +313,70 @@ def test_committed_results_files_come_from_a_clean_tree(path: Path) -> None:
     assert (meta["device"] == "cuda") == path.stem.endswith(
         "h100"
     )  # GPU files come from a GPU, and only they
+
+
+def _prose(page: str) -> str:
+    return " ".join((ROOT / "docs" / "advanced" / "performance" / page).read_text().split())
+
+
+def test_the_numbers_the_prose_quotes_are_those_of_the_results_files() -> None:
+    # issue 33: a conclusion typed next to a table says what the table shows; a new recording
+    # that changes these numbers fails here until the prose is updated with it
+    perf = json.loads((DATA / "perf_cpu.json").read_text())
+    bench = json.loads((DATA / "bench_cpu.json").read_text())
+    compiled = json.loads((DATA / "compile_cpu.json").read_text())
+    by_precision = {r["precision"]: r for r in perf["precision"] if r["supported"]}
+    bf16, fp32 = by_precision["bf16"], by_precision["fp32"]
+    memory_cut = 1 - bf16["peak_memory_bytes"] / fp32["peak_memory_bytes"]
+    by_name = {r["name"]: r for r in bench["results"]}
+    tiny_bf16 = by_name["tiny bf16 foreach 8x64"]["step_time_s"]["median"]
+    tiny_fp32 = by_name["tiny plain PyTorch loop"]["step_time_s"]["median"]
+    tiny_ckpt = by_name["tiny fp32 ckpt foreach 8x64"]["step_time_s"]["median"]
+    policies = {r["policy"]: r for r in perf["checkpointing"]["rows"]}
+    eager, default = compiled["rows"]
+
+    def ms(value: float) -> str:
+        return f"{value * 1e3:.0f}"
+
+    def iqr(row: dict[str, Any]) -> str:
+        return f"{row['step_time_ms']['q1']:.0f}–{row['step_time_ms']['q3']:.0f} ms"
+
+    mixed = _prose("mixed-precision.md")
+    assert f"ran {bf16['speedup_vs_fp32']:.2f}× faster on the small GPT" in mixed
+    assert f"and {tiny_bf16 / tiny_fp32:.1f}× slower on the tiny one" in mixed
+    assert f"peaks {memory_cut:.0%} lower" in mixed
+    assert bf16["step_time_p10_ms"] > fp32["step_time_p90_ms"] or (
+        bf16["step_time_p90_ms"] < fp32["step_time_p10_ms"]
+    )  # "its p10–p90 well clear of fp32's"
+    assert f"{tiny_bf16 / tiny_fp32:.1f}× slower than fp32" in _prose("benchmarking.md")
+
+    memory = _prose("memory-optimization.md")
+    assert f"every block added {policies['every block']['time_change']:.0%}" in memory
+    assert f"`selective=True` {policies['selective']['time_change']:.0%}" in memory
+    assert f"{tiny_ckpt / tiny_fp32 - 1:.0%} on the tiny GPT" in memory
+    assert all(
+        iqr(policies[p]) in memory for p in ("none", "every block", "every 2nd block", "selective")
+    )
+    assert f"each row is the median of {perf['meta']['settings']['steps']} steps" in memory
+    every, second = policies["every block"], policies["every 2nd block"]
+    assert second["step_time_ms"]["min"] < every["step_time_ms"]["min"]  # "is noise"
+
+    compilation = _prose("compilation.md")
+    assert f"The {default['speedup']:.2f}× is a ratio of medians" in compilation
+    for row in (eager, default):
+        assert f"{ms(row['step_s']['q1'])}–{ms(row['step_s']['q3'])} ms" in compilation
+    assert f"({ms(eager['step_s']['min'])} and {ms(default['step_s']['min'])} ms)" in compilation
+
+
+def test_the_performance_index_names_the_pages_whose_gpu_tables_wait_for_a_run() -> None:
+    # issue 33: the index said every number was measured while the H100 tables were empty
+    waiting = {
+        page.name
+        for page in PAGES
+        for _, data, _ in page_renders(page)
+        if data.endswith("_h100.json") and not (ROOT / "docs" / data).exists()
+    }
+    index = _prose("index.md")
+    sentence = re.search(r"the H100 tables on (.*?) wait for a GPU run", index)
+    named = set(re.findall(r"\(([^()]*?\.md)\)", sentence.group(1))) if sentence else set()
+    assert {Path(n).name for n in named} == waiting

@@ -372,3 +372,10 @@ def test_a_wrong_torchrun_flag_fails_the_parser():
 
     with pytest.raises(SystemExit):
         get_args_parser().parse_args(["--nodes", "2", "train.py"])
+
+
+def test_context_parallel_all_gathers_keys_and_values_by_default() -> None:
+    # distributed-training.md, "Sequence, context and pipeline parallelism"
+    from torch.distributed.tensor.experimental._context_parallel import _attention
+
+    assert _attention._cp_options.rotate_method is _attention._RotateMethod.ALL_GATHER
