@@ -374,7 +374,7 @@ def test_load_latest_falls_back_to_best_then_none(tmp_path):
 def test_a_plain_torch_save_dict_is_not_a_checkpoint(tmp_path):
     path = tmp_path / "checkpoint_step_1.pt"
     torch.save({"model": {}}, path)
-    with pytest.raises(CheckpointError, match="not a trainopt.stability.checkpointing.checkpoint"):
+    with pytest.raises(CheckpointError, match="not a trainopt.stability.checkpoint/1"):
         CheckpointManager(tmp_path).load_checkpoint(torch.nn.Linear(1, 1), None, path)
 
 
