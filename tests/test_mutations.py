@@ -33,7 +33,7 @@ class Mutation:
 MUTATIONS = [
     Mutation(
         "the clipping factor is not clamped to 1 (small gradients are scaled up)",
-        "stability/clipping.py",
+        "stability/clipping/norms.py",
         """    return torch.nn.utils.clip_grad_norm_(
         _params(model_or_params), max_norm, norm_type, error_if_nonfinite, foreach
     )""",
@@ -46,7 +46,7 @@ MUTATIONS = [
     ),
     Mutation(
         "the on-device clipping coefficient is not clamped to 1",
-        "stability/clipping.py",
+        "stability/clipping/norms.py",
         "coef = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)",
         "coef = max_norm / (total_norm + 1e-6)",
         ("tests/stability/test_clipping_by_hand.py", "tests/stability/test_clipping.py"),
@@ -74,7 +74,7 @@ MUTATIONS = [
     ),
     Mutation(
         "a skipped first step leaves its new state at zero",
-        "stability/skip.py",
+        "stability/skipping/step.py",
         "            initial = overrides[key](value) if key in overrides else state.initial[key]",
         "            initial = torch.zeros_like(value)",
         ("tests/stability/test_skip.py",),
@@ -115,7 +115,7 @@ MUTATIONS = [
     ),
     Mutation(
         "a resume does not restore the random generators (the masks drawn after a restart differ)",
-        "stability/stabilizer_state.py",
+        "stability/checkpointing/rank_state.py",
         '        set_rng_state(entry["rng"])\n',
         "        pass  # the generators are not restored\n",
         # the 10-s restart test first (-x stops at the first failure); the recipe's SIGKILL test,
@@ -129,21 +129,21 @@ MUTATIONS = [
     ),
     Mutation(
         "the resumable loader draws its workers' seed from the global generator",
-        "stability/data.py",
+        "stability/checkpointing/loader.py",
         "        self.generator.manual_seed(_epoch_seed(self.seed, self.epoch) ^ 0x5EED)\n",
         "        self.generator = None  # DataLoader draws from the global generator\n",
         ("tests/stability/test_data_resume.py",),
     ),
     Mutation(
         "the resumable loader's position counts the batches its workers fetched",
-        "stability/data.py",
+        "stability/checkpointing/loader.py",
         '"epoch": self.epoch, "position": self.consumed}',
         '"epoch": self.epoch, "position": self.batch_sampler.position}',
         ("tests/stability/test_data_resume.py",),
     ),
     Mutation(
         "the checkpoint written before the first step holds the position after the first batch",
-        "stability/stabilizer_state.py",
+        "stability/checkpointing/rank_state.py",
         "        if initial is None or self.stabilizer.steps != 0:\n",
         "        if True:\n",
         (
@@ -153,14 +153,14 @@ MUTATIONS = [
     ),
     Mutation(
         "the resumable loader's workers draw from a seed per epoch and worker, not per batch",
-        "stability/data.py",
+        "stability/checkpointing/loader.py",
         '        if kwargs.get("num_workers", 0) > 0:\n',
         "        if False:\n",
         ("tests/stability/test_data_resume.py",),
     ),
     Mutation(
         "an averaged model counts a skipped update",
-        "stability/averaging.py",
+        "stability/skipping/averaging.py",
         "    count.copy_(torch.where(keep(count.device), count, count + 1))",
         "    count.add_(1)",
         ("tests/stability/test_averaging.py",),

@@ -18,7 +18,7 @@ from trainopt.perf.precision import (
     make_scaler,
     supported_precisions,
 )
-from trainopt.stability.scaling import DynamicLossScaler
+from trainopt.stability.scaling.scaler import DynamicLossScaler
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

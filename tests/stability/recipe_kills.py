@@ -26,7 +26,8 @@ from typing import Any
 
 import torch.nn.functional as F
 
-from trainopt.stability import checkpoint, checkpoint_files
+from trainopt.stability.checkpointing import checkpoint
+from trainopt.stability.checkpointing import files as checkpoint_files
 
 POINTS = ("loss", "mid-write", "unrenamed", "renamed", "saved")
 

@@ -16,7 +16,7 @@ from scheduler_configs import SCHEDULERS
 from torch.optim import lr_scheduler as ls
 
 from trainopt.schedules import AdaptiveLearningRate
-from trainopt.stability.checkpoint import CheckpointManager
+from trainopt.stability.checkpointing.checkpoint import CheckpointManager
 
 STEPS = 40  # within every config's total_steps (OneCycleLR stops at 60)
 METRIC_STEPPED = (ls.ReduceLROnPlateau, AdaptiveLearningRate)
@@ -80,7 +80,7 @@ def stabilized(name: str, folder: str | Path, seed: int) -> dict[str, Any]:
     A scheduler stepped with a metric is stepped by the stabilizer at each boundary, with the
     window's median loss.
     """
-    from trainopt.stability.recovery import TrainingRecovery
+    from trainopt.stability.recovery.rollback import TrainingRecovery
     from trainopt.stability.stabilizer import TrainingStabilizer
 
     model, opt, sched = build(name, seed)

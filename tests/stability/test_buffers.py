@@ -17,9 +17,9 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from trainopt.models import digits_data
-from trainopt.stability.buffers import BufferSnapshot, nonfinite_buffers
-from trainopt.stability.checker import StabilityChecker
-from trainopt.stability.gradients import GradientMonitor
+from trainopt.stability.monitoring.checker import StabilityChecker
+from trainopt.stability.monitoring.gradients import GradientMonitor
+from trainopt.stability.skipping.buffers import BufferSnapshot, nonfinite_buffers
 from trainopt.stability.stabilizer import TrainingStabilizer
 from trainopt.stability.syncs import HostSyncCounter
 
@@ -272,7 +272,7 @@ def test_a_buffer_registered_later_is_snapshotted_after_a_refresh():
 
 
 def test_the_module_tree_is_walked_only_when_needed(monkeypatch: pytest.MonkeyPatch):
-    from trainopt.stability import buffers
+    from trainopt.stability.skipping import buffers
 
     walks = []
     real = buffers._slots

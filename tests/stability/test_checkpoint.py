@@ -1,4 +1,5 @@
-"""Tests of trainopt.stability.checkpoint: contents, atomicity, pruning, best, corruption, security."""
+"""Tests of trainopt.stability.checkpointing.checkpoint: contents, atomicity, pruning, best,
+corruption, security."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from trainopt.stability.checkpoint import CheckpointError, CheckpointManager
-from trainopt.stability.clipping import AdaptiveGradientClipper, ZScoreClipper
-from trainopt.stability.data import ResumableSampler
-from trainopt.stability.gradients import GradientMonitor
-from trainopt.stability.monitors import LossStabilityMonitor
-from trainopt.stability.recovery import TrainingRecovery
-from trainopt.stability.rng import get_rng_state, set_rng_state
-from trainopt.stability.scaling import DynamicLossScaler
+from trainopt.stability.checkpointing.checkpoint import CheckpointError, CheckpointManager
+from trainopt.stability.checkpointing.loader import ResumableSampler
+from trainopt.stability.checkpointing.rng import get_rng_state, set_rng_state
+from trainopt.stability.clipping.norms import AdaptiveGradientClipper, ZScoreClipper
+from trainopt.stability.monitoring.gradients import GradientMonitor
+from trainopt.stability.monitoring.loss import LossStabilityMonitor
+from trainopt.stability.recovery.rollback import TrainingRecovery
+from trainopt.stability.scaling.scaler import DynamicLossScaler
 
 
 def make(seed: int = 0):
@@ -373,7 +374,7 @@ def test_load_latest_falls_back_to_best_then_none(tmp_path):
 def test_a_plain_torch_save_dict_is_not_a_checkpoint(tmp_path):
     path = tmp_path / "checkpoint_step_1.pt"
     torch.save({"model": {}}, path)
-    with pytest.raises(CheckpointError, match="not a trainopt.stability.checkpoint"):
+    with pytest.raises(CheckpointError, match="not a trainopt.stability.checkpoint/1"):
         CheckpointManager(tmp_path).load_checkpoint(torch.nn.Linear(1, 1), None, path)
 
 

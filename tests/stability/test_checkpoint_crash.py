@@ -17,7 +17,7 @@ import warnings
 import pytest
 import torch
 
-from trainopt.stability.checkpoint import CheckpointManager
+from trainopt.stability.checkpointing.checkpoint import CheckpointManager
 
 ROUNDS = 20
 
@@ -25,7 +25,7 @@ HELPER = textwrap.dedent(
     """
     import os, random, signal, sys, time
     import torch
-    from trainopt.stability.checkpoint import CheckpointManager
+    from trainopt.stability.checkpointing.checkpoint import CheckpointManager
 
     save_dir, rounds = sys.argv[1], int(sys.argv[2])
     torch.set_num_threads(1)

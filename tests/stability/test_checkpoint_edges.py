@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-from trainopt.stability.checkpoint import CheckpointError, CheckpointManager
-from trainopt.stability.fit import _PER_PARAMETER
-from trainopt.stability.rng import get_rng_state
+from trainopt.stability.checkpointing.checkpoint import CheckpointError, CheckpointManager
+from trainopt.stability.checkpointing.fit import _PER_PARAMETER
+from trainopt.stability.checkpointing.rng import get_rng_state
 
 
 def _model(seed: int = 0) -> torch.nn.Module:

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from optimizer_configs import assert_same
 
-from trainopt.stability.checkpoint import CheckpointError, CheckpointManager
-from trainopt.stability.scaling import DynamicLossScaler
+from trainopt.stability.checkpointing.checkpoint import CheckpointError, CheckpointManager
+from trainopt.stability.scaling.scaler import DynamicLossScaler
 
 
 def _run(
@@ -163,8 +163,8 @@ def test_a_checkpoint_that_fits_loads_every_piece(tmp_path) -> None:
 
 
 def _stabilized(folder, clipper: bool, seed: int):
-    from trainopt.stability.clipping import ZScoreClipper
-    from trainopt.stability.recovery import TrainingRecovery
+    from trainopt.stability.clipping.norms import ZScoreClipper
+    from trainopt.stability.recovery.rollback import TrainingRecovery
     from trainopt.stability.stabilizer import TrainingStabilizer
 
     run = _run(seed=seed, steps=0)

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from trainopt.models import digits_data, digits_mlp
-from trainopt.stability.checkpoint import CheckpointManager
-from trainopt.stability.clipping import ZScoreClipper
-from trainopt.stability.scaling import DynamicLossScaler
+from trainopt.stability.checkpointing.checkpoint import CheckpointManager
+from trainopt.stability.clipping.norms import ZScoreClipper
+from trainopt.stability.scaling.scaler import DynamicLossScaler
 
 N_STEPS = 24
 X, Y, _, _ = digits_data()

@@ -33,7 +33,7 @@ from torch.optim import lr_scheduler as ls
 import trainopt.schedules
 from trainopt.schedules import SchedulerInterface
 from trainopt.schedules.registry import registered_schedulers
-from trainopt.stability.checkpoint import CheckpointManager
+from trainopt.stability.checkpointing.checkpoint import CheckpointManager
 
 HERE = Path(__file__).resolve().parent
 SHIPPED = frozenset(registered_schedulers())

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainopt.stability.checkpoint import CheckpointError, CheckpointManager
+from trainopt.stability.checkpointing.checkpoint import CheckpointError, CheckpointManager
 
 
 def make(seed: int = 0):

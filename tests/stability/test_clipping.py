@@ -1,4 +1,5 @@
-"""Tests of trainopt.stability.clipping: agreement with torch, the adaptive rules, AGC, no host sync."""
+"""Tests of trainopt.stability.clipping.norms: agreement with torch, the adaptive rules, AGC, no
+host sync."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainopt.stability.clipping import (
+from trainopt.stability.clipping.norms import (
     AdaptiveGradientClipper,
     ZScoreClipper,
     clip_gradients,
     total_grad_norm,
 )
+from trainopt.stability.clipping.unitwise import adaptive_clip_grad_
 from trainopt.stability.syncs import HostSyncCounter
-from trainopt.stability.unitwise import adaptive_clip_grad_
 
 
 def make_params(seed: int = 0, scale: float = 1.0) -> list[torch.nn.Parameter]:

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from trainopt.stability.clipping import clip_gradients, clip_grads_with_norm_, total_grad_norm
+from trainopt.stability.clipping.norms import clip_gradients, clip_grads_with_norm_, total_grad_norm
 
 # Hand-computed cases: gradients 3, 4 | 12 | 0.5, -0.5 have the global L2 norm
 # sqrt(9 + 16 + 144 + 0.25 + 0.25) = sqrt(169.5), L1 norm 20 and max norm 12; clipping multiplies

@@ -1,8 +1,8 @@
 """The checker's one pass over both monitors ends where the monitors' own updates end, bit for bit.
 
-:class:`~trainopt.stability.checker.StabilityChecker` updates the loss and the gradient monitor
-together when their windows match (one sort for both, views into shared tensors). These run the
-same sequence of losses and gradients through that pass and through the monitors' own ``update``
+:class:`~trainopt.stability.monitoring.checker.StabilityChecker` updates the loss and the gradient
+monitor together when their windows match (one sort for both, views into shared tensors). These run
+the same sequence of losses and gradients through that pass and through the monitors' own ``update``
 methods, and compare every flag, every report and the final state.
 """
 
@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from trainopt.stability.checker import StabilityChecker
+from trainopt.stability.monitoring.checker import StabilityChecker
 from trainopt.stability.syncs import HostSyncCounter
 
 
@@ -116,8 +116,8 @@ def test_the_joint_pass_is_taken_and_reads_nothing():
 
 
 def test_monitors_with_different_windows_take_the_separate_updates():
-    from trainopt.stability.gradients import GradientMonitor
-    from trainopt.stability.monitors import LossStabilityMonitor
+    from trainopt.stability.monitoring.gradients import GradientMonitor
+    from trainopt.stability.monitoring.loss import LossStabilityMonitor
 
     params = [torch.nn.Parameter(torch.randn(3))]
     opt = torch.optim.SGD(params, lr=0.1)

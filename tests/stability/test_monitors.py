@@ -1,4 +1,5 @@
-"""Tests of trainopt.stability.monitors: robust loss statistics, fused gradient norms, no host sync in update()."""
+"""Tests of trainopt.stability.monitoring.loss: robust loss statistics, fused gradient norms, no
+host sync in update()."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainopt.stability.gradients import GradientMonitor
-from trainopt.stability.monitors import LossSpikeDetector, LossStabilityMonitor
-from trainopt.stability.statistics import MAD_TO_SIGMA, robust_zscore
+from trainopt.stability.monitoring.gradients import GradientMonitor
+from trainopt.stability.monitoring.loss import LossSpikeDetector, LossStabilityMonitor
+from trainopt.stability.monitoring.statistics import MAD_TO_SIGMA, robust_zscore
 from trainopt.stability.syncs import HostSyncCounter
 
 

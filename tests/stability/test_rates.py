@@ -19,7 +19,7 @@ from scheduler_configs import SCHEDULERS, STEPS, TORCH, two_groups
 from torch.optim import lr_scheduler as ls
 
 from trainopt.schedules import AdaptiveLearningRate
-from trainopt.stability.rates import (
+from trainopt.stability.recovery.rates import (
     UnsupportedSchedulerError,
     check_scalable,
     lr_scale,

@@ -1,4 +1,5 @@
-"""Tests of trainopt.stability.recovery: when to roll back, rollback, a rate cut the scheduler keeps."""
+"""Tests of trainopt.stability.recovery.rollback: when to roll back, rollback, a rate cut the
+scheduler keeps."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from trainopt.schedules.adapters import cosine_annealing_schedule
-from trainopt.stability.rates import scale_learning_rate
-from trainopt.stability.recovery import TrainingInstabilityError, TrainingRecovery
+from trainopt.stability.recovery.rates import scale_learning_rate
+from trainopt.stability.recovery.rollback import TrainingInstabilityError, TrainingRecovery
 
 
 def _model_and_optimizer(seed: int = 0, lr: float = 0.1):
@@ -113,7 +114,7 @@ def _train_steps(model, opt, sched, n: int, x, y) -> None:
 
 @pytest.fixture()
 def run(tmp_path):
-    from trainopt.stability.checkpoint import CheckpointManager
+    from trainopt.stability.checkpointing.checkpoint import CheckpointManager
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)

@@ -1,5 +1,5 @@
-"""Tests of trainopt.stability.scaling: step-for-step agreement with torch.amp.GradScaler, hysteresis,
-sync-free skipping, state round trips, and the seed's defects."""
+"""Tests of trainopt.stability.scaling.scaler: step-for-step agreement with torch.amp.GradScaler,
+hysteresis, sync-free skipping, state round trips, and the seed's defects."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from optimizer_configs import HELD, ids
 
-from trainopt.stability.scale_kernels import update_scale_with_hysteresis_
-from trainopt.stability.scaling import DynamicLossScaler
+from trainopt.stability.scaling.kernels import update_scale_with_hysteresis_
+from trainopt.stability.scaling.scaler import DynamicLossScaler
 from trainopt.stability.syncs import HostSyncCounter
 
 

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from trainopt.stability.scaling import DynamicLossScaler
+from trainopt.stability.scaling.scaler import DynamicLossScaler
 
 
 def make_model(seed: int = 0) -> torch.nn.Module:

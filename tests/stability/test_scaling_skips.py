@@ -13,7 +13,7 @@ import torch
 from optimizer_configs import HELD, ids, nan_allocator
 from optimizer_configs import assert_same as assert_state
 
-from trainopt.stability.scaling import DynamicLossScaler
+from trainopt.stability.scaling.scaler import DynamicLossScaler
 from trainopt.stability.syncs import HostSyncCounter
 
 
@@ -103,7 +103,7 @@ def test_sync_free_paths_add_no_host_sync(config):
 def test_mask_mode_refuses_an_optimizer_it_cannot_skip_exactly():
     from optimizer_configs import REFUSED_CONFIGS
 
-    from trainopt.stability.optimizers import UnsupportedOptimizerError
+    from trainopt.stability.skipping.optimizers import UnsupportedOptimizerError
 
     config = next(c for c in REFUSED_CONFIGS if c.cls is torch.optim.SGD)  # dampening
     model = config.model()

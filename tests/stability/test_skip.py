@@ -26,9 +26,9 @@ from optimizer_configs import (
     optimizer_state,
 )
 
-from trainopt.stability.optimizers import UnsupportedOptimizerError, check_skippable
-from trainopt.stability.scaling import DynamicLossScaler
-from trainopt.stability.skip import fused_step, masked_step
+from trainopt.stability.scaling.scaler import DynamicLossScaler
+from trainopt.stability.skipping.optimizers import UnsupportedOptimizerError, check_skippable
+from trainopt.stability.skipping.step import fused_step, masked_step
 from trainopt.stability.stabilizer import TrainingStabilizer
 
 CLEAN_STEPS = 4

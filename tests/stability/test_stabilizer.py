@@ -16,7 +16,7 @@ from optimizer_configs import HELD, assert_same, ids
 
 from trainopt.schedules.adapters import cosine_annealing_schedule
 from trainopt.stability.config import Detection
-from trainopt.stability.scaling import DynamicLossScaler
+from trainopt.stability.scaling.scaler import DynamicLossScaler
 from trainopt.stability.stabilizer import StabilityChecker, TrainingStabilizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -262,8 +262,8 @@ def test_no_deprecated_cuda_amp_spelling_in_src_or_docs() -> None:
 
 
 def test_rollback_at_a_boundary_keeps_schedule_and_applied_steps_aligned(tmp_path: Path) -> None:
-    from trainopt.stability.checkpoint import CheckpointManager
-    from trainopt.stability.recovery import TrainingRecovery
+    from trainopt.stability.checkpointing.checkpoint import CheckpointManager
+    from trainopt.stability.recovery.rollback import TrainingRecovery
 
     model, x, y = _task()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
@@ -288,10 +288,10 @@ def test_rollback_at_a_boundary_keeps_schedule_and_applied_steps_aligned(tmp_pat
 
 def _resumable_run(folder: Path, seed: int = 1):
     """Everything a run owns, built from scratch: a crash loses all of it but the folder."""
-    from trainopt.stability.checkpoint import CheckpointManager
-    from trainopt.stability.clipping import ZScoreClipper
-    from trainopt.stability.data import ResumableSampler
-    from trainopt.stability.recovery import TrainingRecovery
+    from trainopt.stability.checkpointing.checkpoint import CheckpointManager
+    from trainopt.stability.checkpointing.loader import ResumableSampler
+    from trainopt.stability.clipping.norms import ZScoreClipper
+    from trainopt.stability.recovery.rollback import TrainingRecovery
 
     model, x, y = _task(seed=seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainopt.stability.statistics import nanmax, nanmedian, tail_score
+from trainopt.stability.monitoring.statistics import nanmax, nanmedian, tail_score
 
 
 def _by_definition(value: torch.Tensor, window: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,8 @@ from optimizer_configs import HELD, ids
 from trainopt.models import GPT, digits_mlp, gpt_config, synthetic_batch
 from trainopt.perf.bench.stability import bare_step, per_parameter_sync_step
 from trainopt.schedules.adapters import cosine_annealing_schedule
-from trainopt.stability.clipping import AdaptiveGradientClipper, ZScoreClipper
-from trainopt.stability.schedule_window import UnsupportedScheduleError
+from trainopt.stability.clipping.norms import AdaptiveGradientClipper, ZScoreClipper
+from trainopt.stability.skipping.schedule import UnsupportedScheduleError
 from trainopt.stability.stabilizer import TrainingStabilizer
 from trainopt.stability.syncs import HostSyncCounter
 
@@ -192,7 +192,7 @@ def test_a_bare_constructor_on_cuda_is_stabilized_without_a_device_sync(config) 
     """What ``torch.optim.AdamW(params)`` resolves to on CUDA (``foreach``, CPU step counters):
     stabilized with a cosine schedule and a NaN batch, no step syncs, and the weights equal
     plain torch's run without the NaN batch."""
-    from trainopt.stability.optimizers import UnsupportedOptimizerError
+    from trainopt.stability.skipping.optimizers import UnsupportedOptimizerError
 
     def build():
         model = config.model().cuda()

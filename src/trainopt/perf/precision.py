@@ -6,7 +6,8 @@
 - the float32 matmul setting (``"highest"`` keeps true fp32; ``"high"`` lets CUDA use TF32),
   applied and restored by :meth:`Precision.matmul_settings`,
 - a loss scaler only for ``fp16``, whose five exponent bits underflow small gradients
-  (:class:`trainopt.stability.scaling.DynamicLossScaler` by default, ``torch.amp.GradScaler`` with
+  (:class:`trainopt.stability.scaling.scaler.DynamicLossScaler` by default,
+  ``torch.amp.GradScaler`` with
   ``scaler="torch"``: the same interface); ``bf16`` has fp32's exponent range and needs none.
 
 It checks the hardware first and says what is allowed when the choice can't run:
@@ -143,8 +144,8 @@ def make_scaler(
     kind: str, device_type: str, init_scale: float = 2.0**16, growth_interval: int = 2000
 ) -> Any:
     """A dynamic loss scaler: ``"trainopt"``
-    (:class:`~trainopt.stability.scaling.DynamicLossScaler`) or ``"torch"``
-    (``torch.amp.GradScaler``); both have GradScaler's interface.
+    (:class:`~trainopt.stability.scaling.scaler.DynamicLossScaler`)
+    or ``"torch"`` (``torch.amp.GradScaler``); both have GradScaler's interface.
 
     Example:
         >>> from trainopt.perf import make_scaler
@@ -159,7 +160,7 @@ def make_scaler(
         return torch.amp.GradScaler(
             device_type, init_scale=init_scale, growth_interval=growth_interval
         )
-    from trainopt.stability.scaling import DynamicLossScaler
+    from trainopt.stability.scaling.scaler import DynamicLossScaler
 
     return DynamicLossScaler(init_scale=init_scale, growth_interval=growth_interval)
 
@@ -250,7 +251,8 @@ class Precision:
             device: The device the model trains on.
             init_scale: First loss scale of the fp16 scaler.
             growth_interval: Clean steps in a row before the fp16 scaler doubles its scale.
-            scaler: ``"trainopt"`` (:class:`~trainopt.stability.scaling.DynamicLossScaler`) or
+            scaler: ``"trainopt"``
+                (:class:`~trainopt.stability.scaling.scaler.DynamicLossScaler`) or
                 ``"torch"`` (``torch.amp.GradScaler``); used for fp16 only.
 
         Raises:

@@ -15,10 +15,10 @@ Deprecated, for one release (each warns with :class:`DeprecationWarning` and kee
 - the front doors' flat keywords for these knobs (``TrainingStabilizer(..., spike_factor=3.0)``):
   give ``detection=Detection(spike_factor=3.0)`` instead;
 - the second names of three knobs: ``max_recovery_attempts`` (say ``max_rollbacks``, in
-  :class:`~trainopt.stability.recovery.TrainingRecovery`), ``save_frequency`` (say
-  ``save_every``, in :class:`~trainopt.stability.checkpoint.CheckpointManager`) and
+  :class:`~trainopt.stability.recovery.rollback.TrainingRecovery`), ``save_frequency`` (say
+  ``save_every``, in :class:`~trainopt.stability.checkpointing.checkpoint.CheckpointManager`) and
   ``threshold`` (say ``spike_factor``, in the loss monitors);
-- :class:`~trainopt.stability.recovery.TrainingRecovery`'s scoring knobs (``spike_factor``,
+- :class:`~trainopt.stability.recovery.rollback.TrainingRecovery`'s scoring knobs (``spike_factor``,
   ``spike_threshold``, ``explosion_factor``, ``min_history``): the monitors score spikes now, so
   these warn and are ignored (say ``Detection(...)``);
 - ``TrainingStabilizer.total_skipped`` (say ``skipped_steps``, as the guard does) and the front
@@ -50,7 +50,7 @@ class Detection:
 
     Args:
         spike_factor: How far above the window's range a loss must lie to be flagged, in units
-            of the range (:func:`~trainopt.stability.statistics.tail_score`).
+            of the range (:func:`~trainopt.stability.monitoring.statistics.tail_score`).
         explosion_factor: The same for the global gradient norm.
         window_size: Accepted steps the range is measured over.
         min_history: Accepted steps before the range tests apply (a non-finite loss or gradient
@@ -102,7 +102,7 @@ class Rollback:
         lr_factor: Learning-rate multiplier of each rollback, in (0, 1] (cumulative: the
             schedule keeps it).
         max_rollbacks: Rollbacks before
-            :class:`~trainopt.stability.recovery.TrainingInstabilityError`.
+            :class:`~trainopt.stability.recovery.rollback.TrainingInstabilityError`.
         patience: Consecutive flagged steps that call for a rollback.
         skip_batches: Batches to skip after a rollback.
 

@@ -2,18 +2,18 @@
 
 :class:`GuardedUpdate` holds, once, everything a stabilized optimizer step decides and keeps:
 
-- the skip decision (a :class:`~trainopt.stability.checker.StabilityChecker`, agreed over ranks)
-  and the step skipped on the device (:func:`~trainopt.stability.skip.fused_step` or
-  :func:`~trainopt.stability.skip.masked_step`), the model's buffers included
-  (:class:`~trainopt.stability.buffers.BufferSnapshot`: BatchNorm's running statistics);
-- the schedule window (:class:`~trainopt.stability.schedule_window.ScheduleWindow`): a skipped
+- the skip decision (a :class:`~trainopt.stability.monitoring.checker.StabilityChecker`, agreed over
+  ranks) and the step skipped on the device (:func:`~trainopt.stability.skipping.step.fused_step` or
+  :func:`~trainopt.stability.skipping.step.masked_step`), the model's buffers included
+  (:class:`~trainopt.stability.skipping.buffers.BufferSnapshot`: BatchNorm's running statistics);
+- the schedule window (:class:`~trainopt.stability.skipping.schedule.ScheduleWindow`): a skipped
   step consumes no schedule position, and the rates cost no host read;
 - the boundaries: every ``check_every`` steps the host reads the statistics once, steps the
   schedulers once per applied step (and a metric-stepped one with the window's median loss), logs
   every skipped step with its reason, and either rolls back or saves a checkpoint;
-- the rollback rules (:class:`~trainopt.stability.recovery.TrainingRecovery`): a rollback restores
-  the model, the optimizers, the schedulers, the scaler, averaged models and the trajectory, cuts
-  the rate by ``lr_factor`` and reopens the window at the cut rate;
+- the rollback rules (:class:`~trainopt.stability.recovery.rollback.TrainingRecovery`): a rollback
+  restores the model, the optimizers, the schedulers, the scaler, averaged models and the
+  trajectory, cuts the rate by ``lr_factor`` and reopens the window at the cut rate;
 - the checkpointed state: counters, the checker's windows, the clipper's statistics.
 
 :class:`~trainopt.stability.stabilizer.TrainingStabilizer` (your loop: autocast, accumulation,
@@ -38,21 +38,21 @@ from typing import Any
 
 import torch
 
-from trainopt.stability.averaging import masked_update_parameters
-from trainopt.stability.buffers import BufferSnapshot
-from trainopt.stability.checker import StabilityChecker
-from trainopt.stability.checkpoint import CheckpointManager
-from trainopt.stability.clipping import clip_grads_with_norm_
+from trainopt.stability.checkpointing.checkpoint import CheckpointManager
+from trainopt.stability.clipping.norms import clip_grads_with_norm_
 from trainopt.stability.config import Detection, Rollback
 from trainopt.stability.distributed import barrier, broadcast_from_rank0, is_main_process
-from trainopt.stability.gradients import GradientMonitor
-from trainopt.stability.monitors import LossStabilityMonitor
-from trainopt.stability.optimizers import check_no_step_hooks, skips_in_kernel
-from trainopt.stability.rates import lr_scale, scale_learning_rate
-from trainopt.stability.recovery import TrainingRecovery
-from trainopt.stability.schedule_window import ScheduleWindow
+from trainopt.stability.monitoring.checker import StabilityChecker
+from trainopt.stability.monitoring.gradients import GradientMonitor
+from trainopt.stability.monitoring.loss import LossStabilityMonitor
+from trainopt.stability.recovery.rates import lr_scale, scale_learning_rate
+from trainopt.stability.recovery.rollback import TrainingRecovery
 from trainopt.stability.settings import is_metric_scheduler, step_with_metric
-from trainopt.stability.skip import StepSnapshot, fused_step, masked_step
+from trainopt.stability.skipping.averaging import masked_update_parameters
+from trainopt.stability.skipping.buffers import BufferSnapshot
+from trainopt.stability.skipping.optimizers import check_no_step_hooks, skips_in_kernel
+from trainopt.stability.skipping.schedule import ScheduleWindow
+from trainopt.stability.skipping.step import StepSnapshot, fused_step, masked_step
 
 __all__ = ["CoreView", "GuardedUpdate", "build_checker", "build_recovery"]
 
@@ -70,7 +70,8 @@ _REASONS = (
 def build_checker(
     detection: Detection, monitored: Any, check_every: int, process_group: Any = None
 ) -> StabilityChecker:
-    """The :class:`~trainopt.stability.checker.StabilityChecker` of a front door's ``detection``.
+    """The :class:`~trainopt.stability.monitoring.checker.StabilityChecker` of a front door's
+    ``detection``.
 
     Example:
         >>> import torch
@@ -109,7 +110,8 @@ def build_recovery(
     scheduler: Any = None,
     scaler: Any = None,
 ) -> TrainingRecovery:
-    """The :class:`~trainopt.stability.recovery.TrainingRecovery` of a front door's ``rollback``.
+    """The :class:`~trainopt.stability.recovery.rollback.TrainingRecovery` of a front door's
+    ``rollback``.
 
     Example:
         >>> import tempfile
@@ -146,8 +148,8 @@ class GuardedUpdate:
         optimizers: The optimizers, each stepped once per update.
         schedulers: One scheduler (or ``None``) per optimizer.
         checker: The monitors.
-        recovery: A :class:`~trainopt.stability.recovery.TrainingRecovery` holding the first
-            optimizer and scheduler, or ``None`` (skip only: nothing saved, no rollback).
+        recovery: A :class:`~trainopt.stability.recovery.rollback.TrainingRecovery` holding the
+            first optimizer and scheduler, or ``None`` (skip only: nothing saved, no rollback).
         check_every: Steps between boundaries.
         max_grad_norm: Clip by the norm the monitor measured, or ``None``.
         clipper: A clipper with ``clip(params, total_norm=...)``, used instead of ``max_grad_norm``.
@@ -163,7 +165,7 @@ class GuardedUpdate:
 
     Example:
         >>> import torch
-        >>> from trainopt.stability.checker import StabilityChecker
+        >>> from trainopt.stability.monitoring.checker import StabilityChecker
         >>> from trainopt.stability.core import GuardedUpdate
         >>> model = torch.nn.Linear(2, 1)
         >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -575,9 +577,12 @@ for _name, _doc in (
     ("skip_events", "Every step ever skipped, rolled back or not."),
     ("last_report", "The report of the last boundary, or ``None``."),
     ("reports", "Every boundary's report."),
-    ("checker", "The :class:`~trainopt.stability.checker.StabilityChecker`."),
-    ("recovery", "The :class:`~trainopt.stability.recovery.TrainingRecovery`, or ``None``."),
-    ("window", "The :class:`~trainopt.stability.schedule_window.ScheduleWindow`."),
+    ("checker", "The :class:`~trainopt.stability.monitoring.checker.StabilityChecker`."),
+    (
+        "recovery",
+        "The :class:`~trainopt.stability.recovery.rollback.TrainingRecovery`, or ``None``.",
+    ),
+    ("window", "The :class:`~trainopt.stability.skipping.schedule.ScheduleWindow`."),
     ("last_save", "The step of the last checkpoint written, or ``None``."),
     ("save_every", "Steps between checkpoints, or ``None``."),
     ("check_every", "Steps between boundaries."),
@@ -588,7 +593,10 @@ for _name, _doc in (
     ("clipper", "The clipper used instead of ``max_grad_norm``, or ``None``."),
     ("skip_unstable", "Whether spikes and explosions are skipped too."),
     ("params", "Every parameter of the optimizers."),
-    ("buffers", "The :class:`~trainopt.stability.buffers.BufferSnapshot` a skipped step restores."),
+    (
+        "buffers",
+        "The :class:`~trainopt.stability.skipping.buffers.BufferSnapshot` a skipped step restores.",
+    ),
     ("device", "The parameters' device."),
 ):
     setattr(CoreView, _name, _view(_name, _doc))

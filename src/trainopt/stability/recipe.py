@@ -3,13 +3,13 @@
 ``python -m trainopt.stability.recipe [--checkpoint-dir DIR] --steps N --check-every K --out FILE``
 trains the digits MLP (:mod:`trainopt.models`, with dropout) with the whole stack in one object:
 a warm-up and cosine schedule, clipping against the run's own history
-(:class:`~trainopt.stability.clipping.ZScoreClipper`), steps skipped on the device when a batch
-is far outside the run's range or a value is not finite, a rollback with a halved learning rate
-when the run diverges, and a checkpoint every ``K`` steps while it is stable, the position of a
-:class:`~trainopt.stability.data.ResumableDataLoader` included. It resumes from the newest valid
-checkpoint in ``DIR`` (default ``checkpoints/recipe``, below the working directory: a folder that
-outlives the process) when there is one, and at the end writes the model's ``state_dict`` to
-``FILE`` with ``torch.save``.
+(:class:`~trainopt.stability.clipping.norms.ZScoreClipper`), steps skipped on the device when a
+batch is far outside the run's range or a value is not finite, a rollback with a halved learning
+rate when the run diverges, and a checkpoint every ``K`` steps while it is stable, the position of a
+:class:`~trainopt.stability.checkpointing.loader.ResumableDataLoader` included. It resumes from the
+newest valid checkpoint in ``DIR`` (default ``checkpoints/recipe``, below the working directory: a
+folder that outlives the process) when there is one, and at the end writes the model's
+``state_dict`` to ``FILE`` with ``torch.save``.
 
 Run it again with the same arguments after a crash, a ``kill -9`` included, and it continues as
 the run it replaced: the final weights are bit for bit those of a run that was never
@@ -42,9 +42,9 @@ from trainopt.config.cli import (
 )
 from trainopt.models import digits_data, digits_mlp
 from trainopt.schedules.adapters import cosine_annealing_schedule
-from trainopt.stability.checkpoint import _atomic_write
-from trainopt.stability.clipping import ZScoreClipper
-from trainopt.stability.data import ResumableDataLoader
+from trainopt.stability.checkpointing.checkpoint import _atomic_write
+from trainopt.stability.checkpointing.loader import ResumableDataLoader
+from trainopt.stability.clipping.norms import ZScoreClipper
 from trainopt.stability.stabilizer import TrainingStabilizer
 
 __all__ = ["build_parser", "build_run", "main", "make_deterministic", "train"]

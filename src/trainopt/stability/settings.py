@@ -7,7 +7,11 @@ from typing import Any
 import torch
 
 from trainopt.config.precisions import ALIASES, AUTOCAST_DTYPES
-from trainopt.stability.optimizers import check_no_step_hooks, check_skippable, keep_state_on_device
+from trainopt.stability.skipping.optimizers import (
+    check_no_step_hooks,
+    check_skippable,
+    keep_state_on_device,
+)
 from trainopt.validation import check_int
 
 __all__ = ["DTYPES", "check_settings", "is_metric_scheduler", "step_with_metric"]

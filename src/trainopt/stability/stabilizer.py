@@ -4,17 +4,18 @@
 :meth:`~TrainingStabilizer.step` (per micro-batch with ``accumulate=N``):
 
 1. ``torch.amp.autocast(device_type, dtype)`` around the forward pass, and a loss scaler
-   (:class:`~trainopt.stability.scaling.DynamicLossScaler`) for ``float16`` only;
-2. the monitors of a :class:`~trainopt.stability.checker.StabilityChecker`: a non-finite loss or
-   gradient, a loss or gradient norm far outside the range of the recent window, agreed over the
-   ranks when ``torch.distributed`` is initialised;
+   (:class:`~trainopt.stability.scaling.scaler.DynamicLossScaler`) for ``float16`` only;
+2. the monitors of a :class:`~trainopt.stability.monitoring.checker.StabilityChecker`: a non-finite
+   loss or gradient, a loss or gradient norm far outside the range of the recent window, agreed over
+   the ranks when ``torch.distributed`` is initialised;
 3. gradient clipping with the norm the monitor already measured;
 4. the optimizer step, *skipped on the device* when flagged: fused optimizers get the flag as
-   their ``found_inf`` (:func:`~trainopt.stability.skip.fused_step`), others step through
-   :func:`~trainopt.stability.skip.masked_step`. A skipped step leaves the weights, the optimizer
-   state, the schedule position (:class:`~trainopt.stability.schedule_window.ScheduleWindow`),
-   the model's buffers (:class:`~trainopt.stability.buffers.BufferSnapshot`) and any averaged
-   model (``averaged=``) exactly as if the batch had never been drawn;
+   their ``found_inf`` (:func:`~trainopt.stability.skipping.step.fused_step`), others step through
+   :func:`~trainopt.stability.skipping.step.masked_step`. A skipped step leaves the weights, the
+   optimizer state, the schedule position
+   (:class:`~trainopt.stability.skipping.schedule.ScheduleWindow`), the model's buffers
+   (:class:`~trainopt.stability.skipping.buffers.BufferSnapshot`) and any averaged model
+   (``averaged=``) exactly as if the batch had never been drawn;
 5. every ``check_every`` steps, one boundary where the host reads the statistics: it steps the
    schedulers once per applied step, rolls back to the last checkpoint with a learning-rate cut
    when the run diverges or stays out of range for ``patience`` steps, and saves a checkpoint
@@ -23,7 +24,7 @@
 Where the host syncs: between boundaries, a stabilized step adds no host read to what the
 optimizer's own step makes, for every ``torch.optim`` optimizer in its default, ``foreach``,
 ``fused`` and ``capturable`` forms, with any scheduler
-(:mod:`~trainopt.stability.schedule_window` says how the rates reach each form). Refused when
+(:mod:`~trainopt.stability.skipping.schedule` says how the rates reach each form). Refused when
 built: a tensor ``lr`` in ``param_groups`` with a scheduler, and ``foreach=True`` ASGD and Rprop
 (torch's foreach kernels take no tensor rate, and their step is not linear in it).
 ``DynamicLossScaler`` only matters through its ``state``: the stabilizer steps the optimizer
@@ -33,9 +34,9 @@ Checkpoints and restarts: a boundary checkpoint holds the model, the optimizers,
 the scaler, averaged models, the recovery's state (its learning-rate scale included) and, for
 every rank, the stabilizer's counters, its checker windows, the clipper's statistics, the random
 number generators and the position in the data (``data=``, e.g. a
-:class:`~trainopt.stability.data.ResumableDataLoader`). :meth:`TrainingStabilizer.resume` loads
-the newest valid one, so a killed run continues as the run it replaced. Rank 0 writes; every rank
-loads the file rank 0 picked.
+:class:`~trainopt.stability.checkpointing.loader.ResumableDataLoader`).
+:meth:`TrainingStabilizer.resume` loads the newest valid one, so a killed run continues as the run
+it replaced. Rank 0 writes; every rank loads the file rank 0 picked.
 """
 
 from __future__ import annotations
@@ -47,13 +48,13 @@ from typing import Any
 
 import torch
 
-from trainopt.stability.checker import StabilityChecker
+from trainopt.stability.checkpointing.rank_state import Gathered, RankEntries
 from trainopt.stability.config import Detection, Rollback, grouped_settings
 from trainopt.stability.core import CoreView, GuardedUpdate, build_checker, build_recovery
 from trainopt.stability.distributed import all_gather
-from trainopt.stability.scaling import DynamicLossScaler
+from trainopt.stability.monitoring.checker import StabilityChecker
+from trainopt.stability.scaling.scaler import DynamicLossScaler
 from trainopt.stability.settings import DTYPES, check_settings
-from trainopt.stability.stabilizer_state import Gathered, RankEntries
 
 __all__ = ["StabilityChecker", "TrainingStabilizer"]
 
@@ -67,9 +68,9 @@ class TrainingStabilizer(CoreView):
 
     Args:
         model: The model being trained (its parameters pick the device type of autocast).
-        optimizer: An optimizer that :func:`~trainopt.stability.optimizers.check_skippable`
+        optimizer: An optimizer that :func:`~trainopt.stability.skipping.optimizers.check_skippable`
             accepts, or a list of them (one update per step for each). Optimizers with step hooks
-            are refused (:func:`~trainopt.stability.optimizers.check_no_step_hooks`): use
+            are refused (:func:`~trainopt.stability.skipping.optimizers.check_no_step_hooks`): use
             ``averaged=`` for an EMA.
         scheduler: A learning-rate scheduler stepped once per applied step, a list (one per
             optimizer, ``None`` where there is none), or ``None``. A scheduler stepped with a
@@ -85,7 +86,8 @@ class TrainingStabilizer(CoreView):
         scaler: A loss scaler with the ``torch.amp.GradScaler`` interface; for ``float16`` only.
         max_grad_norm: Global-norm clipping threshold, or ``None`` for no clipping.
         clipper: A clipper with ``clip(params, total_norm=...)`` (e.g.
-            :class:`~trainopt.stability.clipping.ZScoreClipper`), used instead of ``max_grad_norm``.
+            :class:`~trainopt.stability.clipping.norms.ZScoreClipper`), used instead of
+            ``max_grad_norm``.
         check_every: Steps between host reads (the boundaries).
         accumulate: Micro-batches per optimizer step: each :meth:`step` call runs one forward and
             backward pass on ``loss / accumulate``; every ``accumulate``-th call updates.
@@ -99,12 +101,13 @@ class TrainingStabilizer(CoreView):
         averaged: A ``torch.optim.swa_utils.AveragedModel`` (or a list) to update after each
             applied step, left unchanged by skipped ones.
         data: The position in the data (``state_dict()``/``load_state_dict()``, e.g. a
-            :class:`~trainopt.stability.data.ResumableDataLoader`), saved with every checkpoint.
+            :class:`~trainopt.stability.checkpointing.loader.ResumableDataLoader`), saved with every
+            checkpoint.
         process_group: The ranks that agree on every decision; ``None`` is the default group
             when ``torch.distributed`` is initialised (nothing to agree on otherwise).
-        recovery: A :class:`~trainopt.stability.recovery.TrainingRecovery` built by hand, instead
-            of ``checkpoint_dir`` (it must hold this model, optimizer and scheduler).
-        checker: A :class:`~trainopt.stability.checker.StabilityChecker` built by hand.
+        recovery: A :class:`~trainopt.stability.recovery.rollback.TrainingRecovery` built by hand,
+            instead of ``checkpoint_dir`` (it must hold this model, optimizer and scheduler).
+        checker: A :class:`~trainopt.stability.monitoring.checker.StabilityChecker` built by hand.
         **deprecated: The grouped knobs as flat keywords (0.4's spelling): each warns with
             :class:`DeprecationWarning` and goes into its group.
 
@@ -247,7 +250,8 @@ class TrainingStabilizer(CoreView):
         return loss
 
     def _trajectory(self, mode: str) -> dict[str, Any]:
-        """The per-rank part of a checkpoint (see :class:`~trainopt.stability.stabilizer_state.RankEntries`)."""
+        """The per-rank part of a checkpoint (see
+        :class:`~trainopt.stability.checkpointing.rank_state.RankEntries`)."""
         if mode == "save":
             return {
                 "stabilizer": Gathered(

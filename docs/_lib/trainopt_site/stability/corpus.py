@@ -9,7 +9,8 @@ what it did:
 - **healthy runs** (:data:`HEALTHY`): the digits MLP at batch 16, 32 and 64 with AdamW and with
   SGD at learning rates plain torch trains well, the GPT language model, and a fine-tune with a
   warm-up and a decay from a trained starting point. A false positive is a skipped step, a
-  rollback or a :class:`~trainopt.stability.recovery.TrainingInstabilityError`; each run is also
+  rollback or a
+  :class:`~trainopt.stability.recovery.rollback.TrainingInstabilityError`; each run is also
   trained by plain torch (clipped at the same norm) on three seeds, and its final validation
   result must lie within their spread;
 - **healthy runs whose loss rises or flattens** (:data:`RISING`): a VAE whose KL weight warms
@@ -42,7 +43,7 @@ import torch
 
 from trainopt.config.cli import ArgumentParser, output_file, run_command
 from trainopt.schedules.adapters import cosine_annealing_schedule
-from trainopt.stability.recovery import TrainingInstabilityError
+from trainopt.stability.recovery.rollback import TrainingInstabilityError
 from trainopt.stability.stabilizer import TrainingStabilizer
 from trainopt_site.stability.corpus_runs import build_task
 

@@ -2,8 +2,9 @@
 
 :func:`run_fault_injection` trains the digits MLP (:mod:`trainopt.models`) twice with the same
 data order and seed: once clean, once with faults injected at chosen steps, both through a
-:class:`~trainopt.stability.stabilizer.TrainingStabilizer` with a :class:`~trainopt.stability.recovery.TrainingRecovery`
-and a :class:`~trainopt.stability.checkpoint.CheckpointManager`. The faults:
+:class:`~trainopt.stability.stabilizer.TrainingStabilizer` with a
+:class:`~trainopt.stability.recovery.rollback.TrainingRecovery`
+and a :class:`~trainopt.stability.checkpointing.checkpoint.CheckpointManager`. The faults:
 
 =====================  =====================================================================
 ``nan_gradients``      one parameter's gradient becomes NaN (the loss stays finite)
@@ -39,7 +40,7 @@ import torch.nn.functional as F
 from trainopt.config.cli import ArgumentParser, output_file, positive_int, run_command
 from trainopt.models import digits_data, digits_mlp
 from trainopt.schedules.adapters import cosine_annealing_schedule
-from trainopt.stability.recovery import TrainingRecovery
+from trainopt.stability.recovery.rollback import TrainingRecovery
 from trainopt.stability.stabilizer import TrainingStabilizer
 
 DEFAULT_FAULTS: dict[str, int] = {
@@ -84,7 +85,7 @@ def _train(
     seed: int,
     save_dir: str,
 ) -> dict[str, Any]:
-    from trainopt.stability.checkpoint import CheckpointManager
+    from trainopt.stability.checkpointing.checkpoint import CheckpointManager
 
     x_train, y_train, x_val, y_val = digits_data(seed=seed)
     model = digits_mlp(seed=seed)

@@ -27,8 +27,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainopt.models import digits_data, digits_mlp
-from trainopt.stability.checkpoint import CheckpointManager
-from trainopt.stability.recovery import TrainingRecovery
+from trainopt.stability.checkpointing.checkpoint import CheckpointManager
+from trainopt.stability.recovery.rollback import TrainingRecovery
 from trainopt.stability.stabilizer import TrainingStabilizer
 
 __all__ = ["LOSS_SPIKES", "NAN_LOSSES", "rank_agreement_check"]

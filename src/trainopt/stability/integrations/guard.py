@@ -6,20 +6,22 @@ is that optimizer: its :meth:`~GuardedOptimizer.step` is the second half of
 :meth:`TrainingStabilizer.step <trainopt.stability.stabilizer.TrainingStabilizer.step>`, with no
 host sync between boundaries:
 
-1. the monitors of a :class:`~trainopt.stability.checker.StabilityChecker` read the loss (given to
-   :meth:`~GuardedOptimizer.observe`, or returned by the closure the framework passes) and the
-   gradients, and return the flag agreed over the ranks;
+1. the monitors of a :class:`~trainopt.stability.monitoring.checker.StabilityChecker` read the loss
+   (given to :meth:`~GuardedOptimizer.observe`, or returned by the closure the framework passes) and
+   the gradients, and return the flag agreed over the ranks;
 2. optionally, clipping by the norm the monitor already measured (``max_grad_norm``; leave it
    ``None`` when the framework clips);
 3. the wrapped optimizer's step, skipped on the device when flagged
-   (:func:`~trainopt.stability.skip.fused_step` or :func:`~trainopt.stability.skip.masked_step`);
+   (:func:`~trainopt.stability.skipping.step.fused_step` or
+   :func:`~trainopt.stability.skipping.step.masked_step`);
 4. the learning rate of the window's applied-step count
-   (:class:`~trainopt.stability.schedule_window.ScheduleWindow`): a skipped step consumes no
+   (:class:`~trainopt.stability.skipping.schedule.ScheduleWindow`): a skipped step consumes no
    schedule position. The framework steps :attr:`GuardedOptimizer.scheduler`, whose ``step()`` does
    nothing; the guard steps the real scheduler once per applied step at each boundary;
 5. every ``check_every`` steps, a boundary on the host: the report, and with ``checkpoint_dir`` a
-   rollback with a learning-rate cut (:class:`~trainopt.stability.recovery.TrainingRecovery`) or a
-   checkpoint of the stable state to roll back to.
+   rollback with a learning-rate cut
+   (:class:`~trainopt.stability.recovery.rollback.TrainingRecovery`) or a checkpoint of the stable
+   state to roll back to.
 
 The guard's state (counters, monitor windows, the window's applied count) travels inside
 ``state_dict()``, so the framework's own checkpoint (``optimizer.pt`` of the ``Trainer``,
@@ -71,7 +73,7 @@ class WindowScheduler(torch.optim.lr_scheduler.LRScheduler):
         What logging callbacks read (the ``Trainer``'s ``learning_rate`` after every step;
         Lightning's ``LearningRateMonitor`` reads ``param_groups``, which hold the same values):
         the rate at the host's count of steps, which is the rate applied until the window's first
-        skipped step (see :mod:`trainopt.stability.schedule_window`).
+        skipped step (see :mod:`trainopt.stability.skipping.schedule`).
         """
         return [g["lr"] for g in self.optimizer.param_groups]
 
@@ -121,7 +123,8 @@ class GuardedOptimizer(CoreView, torch.optim.Optimizer):
 
     Args:
         optimizer: The optimizer to guard (one that
-            :func:`~trainopt.stability.optimizers.check_skippable` accepts, with no step hooks).
+            :func:`~trainopt.stability.skipping.optimizers.check_skippable` accepts, with no step
+            hooks).
         scheduler: Its learning-rate scheduler, or ``None``. Give the framework
             :attr:`scheduler` (a :class:`WindowScheduler`) instead of this one.
         model: The model; needed with ``checkpoint_dir`` (a rollback restores it).
