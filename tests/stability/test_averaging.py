@@ -21,14 +21,9 @@ from torch.optim.optimizer import (
 )
 from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn, get_ema_multi_avg_fn
 
-from trainopt.stability import (
-    HostSyncCounter,
-    UnsupportedOptimizerError,
-    check_no_step_hooks,
-    fused_step,
-    masked_step,
-    masked_update_parameters,
-)
+from trainopt.stability import HostSyncCounter, UnsupportedOptimizerError, fused_step, masked_step
+from trainopt.stability.skipping.averaging import masked_update_parameters
+from trainopt.stability.skipping.optimizers import check_no_step_hooks
 
 # --- check_no_step_hooks ----------------------------------------------------------------------
 

@@ -13,15 +13,15 @@ import trainopt.stability as stability
 from trainopt.stability import (
     CheckpointManager,
     Detection,
-    LossSpikeDetector,
     LossStabilityMonitor,
     Rollback,
-    StabilityChecker,
     TrainingRecovery,
     TrainingStabilizer,
 )
 from trainopt.stability.config import RENAMED
 from trainopt.stability.integrations import GuardedOptimizer
+from trainopt.stability.monitoring.checker import StabilityChecker
+from trainopt.stability.monitoring.loss import LossSpikeDetector
 
 BAD = {
     "spike_factor": 0,

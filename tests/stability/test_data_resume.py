@@ -22,7 +22,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainopt.stability import ResumableDataLoader, ResumableSampler, get_rng_state, set_rng_state
+from trainopt.stability import ResumableDataLoader
+from trainopt.stability.checkpointing.loader import ResumableSampler
+from trainopt.stability.checkpointing.rng import get_rng_state, set_rng_state
 
 STEPS, STOP = 23, 13  # 10 batches an epoch: the run stops in the second epoch, ends in the third
 DATA = TensorDataset(

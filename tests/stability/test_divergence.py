@@ -12,7 +12,8 @@ import math
 
 import torch
 
-from trainopt.stability import LossSpikeDetector, StabilityChecker
+from trainopt.stability.monitoring.checker import StabilityChecker
+from trainopt.stability.monitoring.loss import LossSpikeDetector
 
 
 def _windows(losses, norms, check_every: int = 100) -> list[dict]:

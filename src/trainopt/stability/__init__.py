@@ -36,38 +36,30 @@
 """
 
 from trainopt.stability.checkpointing.checkpoint import CheckpointError, CheckpointManager
-from trainopt.stability.checkpointing.loader import ResumableDataLoader, ResumableSampler
-from trainopt.stability.checkpointing.rng import get_rng_state, set_rng_state
+from trainopt.stability.checkpointing.loader import ResumableDataLoader
 from trainopt.stability.clipping.norms import (
     AdaptiveGradientClipper,
     ZScoreClipper,
     clip_gradients,
-    clip_grads_with_norm_,
     total_grad_norm,
 )
 from trainopt.stability.clipping.unitwise import adaptive_clip_grad_
 from trainopt.stability.config import Detection, Rollback
-from trainopt.stability.distributed import any_rank, broadcast_from_rank0, is_main_process
+from trainopt.stability.distributed import any_rank, broadcast_from_rank0
 from trainopt.stability.logits import qk_norm, z_loss
-from trainopt.stability.monitoring.checker import StabilityChecker
 from trainopt.stability.monitoring.gradients import GradientMonitor, nonfinite_gradients
-from trainopt.stability.monitoring.loss import LossSpikeDetector, LossStabilityMonitor
-from trainopt.stability.monitoring.statistics import nanmax, nanmedian, robust_zscore, tail_score
+from trainopt.stability.monitoring.loss import LossStabilityMonitor
+from trainopt.stability.monitoring.statistics import tail_score
 from trainopt.stability.recovery.rates import (
     UnsupportedSchedulerError,
-    check_scalable,
     lr_scale,
     scale_learning_rate,
 )
 from trainopt.stability.recovery.rollback import TrainingInstabilityError, TrainingRecovery
 from trainopt.stability.scaling.scaler import DynamicLossScaler
-from trainopt.stability.skipping.averaging import masked_update_parameters
-from trainopt.stability.skipping.buffers import BufferSnapshot, nonfinite_buffers
+from trainopt.stability.skipping.buffers import BufferSnapshot
 from trainopt.stability.skipping.optimizers import (
     UnsupportedOptimizerError,
-    check_no_step_hooks,
-    check_skippable,
-    skips_in_kernel,
 )
 from trainopt.stability.skipping.schedule import ScheduleWindow, UnsupportedScheduleError
 from trainopt.stability.skipping.step import fused_step, masked_step
@@ -83,13 +75,10 @@ __all__ = [
     "DynamicLossScaler",
     "GradientMonitor",
     "HostSyncCounter",
-    "LossSpikeDetector",
     "LossStabilityMonitor",
     "ResumableDataLoader",
-    "ResumableSampler",
     "Rollback",
     "ScheduleWindow",
-    "StabilityChecker",
     "TrainingInstabilityError",
     "TrainingRecovery",
     "TrainingStabilizer",
@@ -100,27 +89,14 @@ __all__ = [
     "adaptive_clip_grad_",
     "any_rank",
     "broadcast_from_rank0",
-    "check_no_step_hooks",
-    "check_scalable",
-    "check_skippable",
     "clip_gradients",
-    "clip_grads_with_norm_",
     "fused_step",
-    "get_rng_state",
-    "is_main_process",
     "lr_scale",
     "masked_step",
-    "masked_update_parameters",
-    "nanmax",
-    "nanmedian",
-    "nonfinite_buffers",
     "nonfinite_gradients",
     "qk_norm",
-    "robust_zscore",
     "scale_learning_rate",
     "tail_score",
-    "set_rng_state",
-    "skips_in_kernel",
     "total_grad_norm",
     "z_loss",
 ]

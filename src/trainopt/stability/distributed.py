@@ -107,7 +107,7 @@ def is_main_process(group: Any = None) -> bool:
     """True on rank 0 of ``group``, or when no process group is initialised.
 
     Example:
-        >>> from trainopt.stability import is_main_process
+        >>> from trainopt.stability.distributed import is_main_process
         >>> is_main_process()
         True
     """

@@ -58,10 +58,6 @@ def step_with_metric(scheduler: Any, metric: float) -> None:
         scheduler.update_lr(metric)
 
 
-def _positive_int(name: str, value: Any) -> None:
-    check_int(name, value, 1)
-
-
 def check_settings(
     model: torch.nn.Module,
     optimizers: list[Any],
@@ -104,8 +100,8 @@ def check_settings(
         )
     if scaler is not None and DTYPES.get(dtype, dtype) is not torch.float16:
         raise ValueError(f"a loss scaler is only needed with dtype=torch.float16, got {dtype=}")
-    _positive_int("check_every", check_every)
-    _positive_int("accumulate", accumulate)
+    check_int("check_every", check_every, 1)
+    check_int("accumulate", accumulate, 1)
     if max_grad_norm is not None and not (
         isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0
     ):

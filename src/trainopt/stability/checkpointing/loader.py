@@ -45,7 +45,7 @@ class ResumableSampler(torch.utils.data.Sampler[list[int]]):
         seed: Seed of every epoch's permutation.
 
     Example:
-        >>> from trainopt.stability import ResumableSampler
+        >>> from trainopt.stability.checkpointing.loader import ResumableSampler
         >>> sampler = ResumableSampler(10, batch_size=3, seed=0)
         >>> epoch = iter(sampler)
         >>> first = next(epoch)
@@ -89,7 +89,7 @@ class ResumableSampler(torch.utils.data.Sampler[list[int]]):
         """The next batch, in a loop that counts steps rather than epochs (a new epoch as needed).
 
         Example:
-            >>> from trainopt.stability import ResumableSampler
+            >>> from trainopt.stability.checkpointing.loader import ResumableSampler
             >>> sampler = ResumableSampler(4, batch_size=2, seed=0)
             >>> [sorted(sampler.next_batch() + sampler.next_batch()) for _ in range(2)], sampler.epoch
             ([[0, 1, 2, 3], [0, 1, 2, 3]], 1)

@@ -18,8 +18,8 @@ def get_rng_state() -> dict[str, Any]:
     Example:
         >>> import random
         >>> import torch
-        >>> from trainopt.stability import get_rng_state
-        >>> from trainopt.stability import set_rng_state
+        >>> from trainopt.stability.checkpointing.rng import get_rng_state
+        >>> from trainopt.stability.checkpointing.rng import set_rng_state
         >>> state = get_rng_state(); a = torch.rand(2), random.random()
         >>> set_rng_state(state); b = torch.rand(2), random.random()
         >>> torch.equal(a[0], b[0]) and a[1] == b[1]
@@ -56,8 +56,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
     Example:
         >>> import torch
-        >>> from trainopt.stability import get_rng_state
-        >>> from trainopt.stability import set_rng_state
+        >>> from trainopt.stability.checkpointing.rng import get_rng_state
+        >>> from trainopt.stability.checkpointing.rng import set_rng_state
         >>> import numpy as np
         >>> state = get_rng_state(); first = np.random.rand(), torch.randint(100, (3,)).tolist()
         >>> set_rng_state(state)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainopt.validation import check_int
+from trainopt.validation import check_int, check_number
 
 __all__ = [
     "AdaptiveGradientClipper",
@@ -56,13 +56,13 @@ def _params(model_or_params: Parameters) -> list[torch.Tensor]:
     return params
 
 
-def _check_positive(name: str, value: float, allow_inf: bool = False) -> float:
+def _positive_float(name: str, value: Any, allow_inf: bool = False) -> float:
+    """``value`` as a float (a NumPy or 0-d tensor value too), checked by the one helper."""
     try:
         value = float(value)
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a positive number, got {name}={value!r}") from None
-    if not value > 0 or (math.isinf(value) and not allow_inf) or math.isnan(value):
-        raise ValueError(f"{name} must be a positive finite number, got {name}={value!r}")
+    check_number(name, value, high_open=not allow_inf)
     return value
 
 
@@ -105,7 +105,7 @@ def clip_grads_with_norm_(
 
     Example:
         >>> import torch
-        >>> from trainopt.stability import clip_grads_with_norm_
+        >>> from trainopt.stability.clipping.norms import clip_grads_with_norm_
         >>> w = torch.nn.Parameter(torch.zeros(2)); w.grad = torch.tensor([3.0, 4.0])
         >>> coef = clip_grads_with_norm_([w], torch.tensor(1.0), torch.tensor(5.0))
         >>> torch.allclose(w.grad, torch.tensor([0.6, 0.8]))
@@ -159,7 +159,7 @@ def clip_gradients(
         >>> bool(norm > 1.0), round(total_grad_norm(model).item(), 4)
         (True, 1.0)
     """
-    max_norm = _check_positive("max_norm", max_norm, allow_inf=True)
+    max_norm = _positive_float("max_norm", max_norm, allow_inf=True)
     return torch.nn.utils.clip_grad_norm_(
         _params(model_or_params), max_norm, norm_type, error_if_nonfinite, foreach
     )
@@ -313,7 +313,7 @@ class AdaptiveGradientClipper(_RunningClipper):
         if not float(factor) > 1.0:
             raise ValueError(f"factor must be > 1, got {factor=}")
         self.factor = float(factor)
-        self.initial_norm = _check_positive("initial_norm", initial_norm, allow_inf=True)
+        self.initial_norm = _positive_float("initial_norm", initial_norm, allow_inf=True)
 
     def _threshold(self) -> torch.Tensor:
         warm = self.count >= max(self.warmup_steps, 1)
@@ -364,8 +364,8 @@ class ZScoreClipper(_RunningClipper):
         norm_type: float = 2.0,
     ) -> None:
         super().__init__(beta, warmup_steps, norm_type)
-        self.z_threshold = _check_positive("z_threshold", z_threshold)
-        self.eps = _check_positive("eps", eps)
+        self.z_threshold = _positive_float("z_threshold", z_threshold)
+        self.eps = _positive_float("eps", eps)
 
     def _threshold(self) -> torch.Tensor:
         std = torch.maximum(self.var.clamp_min(0).sqrt(), self.eps * self.mean.abs())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from trainopt.stability.clipping.norms import Parameters, _check_positive, _params
+from trainopt.stability.clipping.norms import Parameters, _params, _positive_float
 
 __all__ = ["adaptive_clip_grad_"]
 
@@ -50,8 +50,8 @@ def adaptive_clip_grad_(
         tensor([[5.0000e-02, 0.0000e+00],
                 [0.0000e+00, 1.0000e-05]])
     """
-    clip_factor = _check_positive("clip_factor", clip_factor)
-    eps = _check_positive("eps", eps)
+    clip_factor = _positive_float("clip_factor", clip_factor)
+    eps = _positive_float("eps", eps)
     for p in _params(parameters):
         if p.grad is None:
             continue

@@ -10,7 +10,8 @@ import torch
 from trainopt.stability.distributed import any_rank, in_process_group, max_over_ranks
 from trainopt.stability.monitoring.gradients import GradientMonitor
 from trainopt.stability.monitoring.loss import LossSpikeDetector, LossStabilityMonitor
-from trainopt.stability.monitoring.statistics import _HALVES, _check_positive, nanmax, nanmedian
+from trainopt.stability.monitoring.statistics import _HALVES, nanmax, nanmedian
+from trainopt.validation import check_number
 
 __all__ = ["StabilityChecker"]
 
@@ -77,7 +78,7 @@ class StabilityChecker:
 
     Example:
         >>> import torch
-        >>> from trainopt.stability import StabilityChecker
+        >>> from trainopt.stability.monitoring.checker import StabilityChecker
         >>> model = torch.nn.Linear(4, 1)
         >>> checker = StabilityChecker(model, check_every=20)
         >>> for step in range(20):
@@ -99,7 +100,7 @@ class StabilityChecker:
         process_group: Any = None,
         grad_growth: float = GRAD_GROWTH,
     ) -> None:
-        _check_positive("grad_growth", grad_growth)
+        check_number("grad_growth", grad_growth)
         self.grad_growth = float(grad_growth)
         self.loss_monitor = loss_monitor or LossStabilityMonitor(check_every=check_every)
         detector = self.loss_monitor.detector

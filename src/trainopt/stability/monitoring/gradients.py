@@ -10,12 +10,11 @@ import torch
 
 from trainopt.stability.monitoring.statistics import (
     _as_finite_or_nan,
-    _check_int,
-    _check_positive,
     nanmedian,
     tail_score,
 )
 from trainopt.stability.skipping.buffers import nonfinite_buffers
+from trainopt.validation import check_int, check_number
 
 
 def _stacked_norms(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -108,10 +107,10 @@ class GradientMonitor:
                 "model_or_optimizer must be a torch.nn.Module or a torch.optim.Optimizer, "
                 f"got {type(model_or_optimizer).__name__}"
             )
-        _check_int("window_size", window_size, 2)
-        _check_int("min_history", min_history, 2)
-        _check_int("check_every", check_every, 1)
-        _check_positive("explosion_factor", explosion_factor)
+        check_int("window_size", window_size, 2)
+        check_int("min_history", min_history, 2)
+        check_int("check_every", check_every, 1)
+        check_number("explosion_factor", explosion_factor)
         self.window_size = window_size
         self.explosion_factor = float(explosion_factor)
         self.min_history = min_history

@@ -10,12 +10,11 @@ import torch
 from trainopt.stability.config import deprecated_name
 from trainopt.stability.monitoring.statistics import (
     _as_finite_or_nan,
-    _check_int,
-    _check_positive,
     nanmax,
     nanmedian,
     tail_score,
 )
+from trainopt.validation import check_int, check_number
 
 
 class LossSpikeDetector:
@@ -37,7 +36,7 @@ class LossSpikeDetector:
 
     Example:
         >>> import torch
-        >>> from trainopt.stability import LossSpikeDetector
+        >>> from trainopt.stability.monitoring.loss import LossSpikeDetector
         >>> detector = LossSpikeDetector(spike_factor=4.0, window_size=20, min_history=5)
         >>> flags = [detector.update(torch.tensor(2.0 - 0.01 * i)) for i in range(10)]
         >>> bool(torch.stack(flags).any()), bool(detector.update(torch.tensor(9.0)))
@@ -55,9 +54,9 @@ class LossSpikeDetector:
         spike_factor = deprecated_name(
             "LossSpikeDetector", "threshold", threshold, spike_factor, 4.0
         )
-        _check_positive("spike_factor", spike_factor)
-        _check_int("window_size", window_size, 2)
-        _check_int("min_history", min_history, 2)
+        check_number("spike_factor", spike_factor)
+        check_int("window_size", window_size, 2)
+        check_int("min_history", min_history, 2)
         if min_history > window_size:
             raise ValueError(
                 f"min_history must be <= window_size, got {min_history=}, {window_size=}"
@@ -163,7 +162,7 @@ class LossStabilityMonitor:
         spike_factor = deprecated_name(
             "LossStabilityMonitor", "threshold", threshold, spike_factor, 4.0
         )
-        _check_int("check_every", check_every, 1)
+        check_int("check_every", check_every, 1)
         self.detector = LossSpikeDetector(spike_factor, window_size, min_history)
         self.check_every = check_every
         self._reset_window(torch.device("cpu"))

@@ -6,8 +6,6 @@ import math
 
 import torch
 
-from trainopt.validation import check_int, check_number
-
 MAD_TO_SIGMA = 1.4826
 
 
@@ -23,7 +21,7 @@ def nanmedian(x: torch.Tensor) -> torch.Tensor:
 
     Example:
         >>> import torch
-        >>> from trainopt.stability import nanmedian
+        >>> from trainopt.stability.monitoring.statistics import nanmedian
         >>> nanmedian(torch.tensor([3.0, float("nan"), 1.0, 2.0, 10.0]))
         tensor(2.5000)
     """
@@ -58,7 +56,7 @@ def robust_zscore(
 
     Example:
         >>> import torch
-        >>> from trainopt.stability import robust_zscore
+        >>> from trainopt.stability.monitoring.statistics import robust_zscore
         >>> window = torch.tensor([-5.0, -5.1, -4.9, -5.0, -5.05])
         >>> round(robust_zscore(torch.tensor(-5.0), window).item(), 2)
         0.0
@@ -151,11 +149,3 @@ def _median_and_max(window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _as_finite_or_nan(x: torch.Tensor) -> torch.Tensor:
     x = x.detach().float()
     return torch.where(torch.isfinite(x), x, math.nan)
-
-
-def _check_int(name: str, value: int, minimum: int) -> None:
-    check_int(name, value, minimum)
-
-
-def _check_positive(name: str, value: float) -> None:
-    check_number(name, value)

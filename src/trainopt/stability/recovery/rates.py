@@ -55,7 +55,8 @@ class UnsupportedSchedulerError(TypeError):
 
     Example:
         >>> import torch
-        >>> from trainopt.stability import UnsupportedSchedulerError, check_scalable
+        >>> from trainopt.stability import UnsupportedSchedulerError
+        >>> from trainopt.stability.recovery.rates import check_scalable
         >>> class Mine(torch.optim.lr_scheduler.StepLR):
         ...     pass
         >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
@@ -133,7 +134,7 @@ def check_scalable(scheduler: Any) -> None:
 
     Example:
         >>> import torch
-        >>> from trainopt.stability import check_scalable
+        >>> from trainopt.stability.recovery.rates import check_scalable
         >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
         >>> check_scalable(torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10, eta_min=0.01)) is None
         True

@@ -109,7 +109,7 @@ def masked_update_parameters(
     Example:
         >>> import torch
         >>> from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-        >>> from trainopt.stability import masked_update_parameters
+        >>> from trainopt.stability.skipping.averaging import masked_update_parameters
         >>> model = torch.nn.Linear(2, 1)
         >>> ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
         >>> masked_update_parameters(ema, model, torch.tensor(False))  # the first: a copy

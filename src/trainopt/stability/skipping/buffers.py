@@ -172,7 +172,7 @@ def nonfinite_buffers(
 
     Example:
         >>> import torch
-        >>> from trainopt.stability import nonfinite_buffers
+        >>> from trainopt.stability.skipping.buffers import nonfinite_buffers
         >>> model = torch.nn.BatchNorm1d(3)
         >>> int(nonfinite_buffers(model))
         0

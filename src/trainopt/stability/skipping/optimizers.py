@@ -52,7 +52,8 @@ class UnsupportedOptimizerError(ValueError):
 
     Example:
         >>> import torch
-        >>> from trainopt.stability import UnsupportedOptimizerError, check_skippable
+        >>> from trainopt.stability import UnsupportedOptimizerError
+        >>> from trainopt.stability.skipping.optimizers import check_skippable
         >>> w = torch.nn.Parameter(torch.zeros(2))
         >>> try:
         ...     check_skippable(torch.optim.LBFGS([w]))
@@ -67,7 +68,7 @@ def skips_in_kernel(optimizer: torch.optim.Optimizer) -> bool:
 
     Example:
         >>> import torch
-        >>> from trainopt.stability import skips_in_kernel
+        >>> from trainopt.stability.skipping.optimizers import skips_in_kernel
         >>> w = torch.nn.Parameter(torch.zeros(2))
         >>> skips_in_kernel(torch.optim.AdamW([w], fused=True)), skips_in_kernel(torch.optim.AdamW([w]))
         (True, False)
@@ -186,7 +187,8 @@ def check_skippable(optimizer: torch.optim.Optimizer) -> None:
 
     Example:
         >>> import torch
-        >>> from trainopt.stability import UnsupportedOptimizerError, check_skippable
+        >>> from trainopt.stability import UnsupportedOptimizerError
+        >>> from trainopt.stability.skipping.optimizers import check_skippable
         >>> w = torch.nn.Parameter(torch.zeros(2))
         >>> check_skippable(torch.optim.NAdam([w]))  # fine: nothing raised
         >>> try:
@@ -252,7 +254,8 @@ def check_no_step_hooks(optimizer: torch.optim.Optimizer) -> None:
 
     Example:
         >>> import torch
-        >>> from trainopt.stability import UnsupportedOptimizerError, check_no_step_hooks
+        >>> from trainopt.stability import UnsupportedOptimizerError
+        >>> from trainopt.stability.skipping.optimizers import check_no_step_hooks
         >>> w = torch.nn.Parameter(torch.zeros(2))
         >>> opt = torch.optim.AdamW([w])
         >>> check_no_step_hooks(opt)  # fine: no hooks
@@ -284,5 +287,6 @@ def check_no_step_hooks(optimizer: torch.optim.Optimizer) -> None:
         f"it has optimizer step hooks, which would run on skipped steps too: {named}",
         "remove them (handle.remove()); for an EMA or SWA of the weights, pass a "
         "torch.optim.swa_utils.AveragedModel to the stabilizer's averaged= (or call "
-        "trainopt.stability.masked_update_parameters), which leaves it unchanged on skipped steps",
+        "trainopt.stability.skipping.averaging.masked_update_parameters), which leaves it unchanged "
+        "on skipped steps",
     )
