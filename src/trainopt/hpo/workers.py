@@ -22,7 +22,6 @@ from typing import Any
 
 import optuna
 from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
-from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
 from trainopt.hpo.reporter import TrialDiverged
@@ -31,6 +30,7 @@ from trainopt.hpo.storage import (
     RETRY_ATTR,
     WORKER_ATTR,
     BudgetSpent,
+    FreshRetry,
     check_claims_are_safe,
     heartbeat_interval,
     waiting_trials_only,
@@ -276,5 +276,5 @@ def _queue_again(study: optuna.Study, number: int | None) -> None:
         return  # it ended, or it is queued again already
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
-        RetryHeartbeatStaleTrialCallback()(study, trials[number])
+        FreshRetry()(study, trials[number])
     _log.info("trial %d was interrupted; it is queued again", number)  # the command line says so
