@@ -8,7 +8,7 @@ like, on any machine that reaches the storage. It shows a progress bar, prints t
 (or the Pareto front) and writes the plots.
 
 Every check runs before any database file is created and before the first trial: a mistake in
-the config or the arguments, or a config that doesn't match the stored study (its directions, its search space),
+the config or the arguments, or a config that doesn't match the stored study (directions, space),
 prints one line, ``error: <field>: <what is allowed>``, and exits with status 2. On a cluster,
 ``--device auto`` and ``--timeout`` pin and bound a worker, and SIGTERM returns its running
 trial to the queue (see :mod:`trainopt.hpo.cluster`).

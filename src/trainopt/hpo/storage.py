@@ -254,8 +254,8 @@ class _JournalStorage(_ExactBudget, optuna.storages.JournalStorage, BaseHeartbea
         assert self.heartbeat_interval is not None
         now, stale = _now().timestamp(), []
         for trial in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-            # a trial that never beat counts from its claim; a retried one copies its
-            # predecessor's attributes, so its claim counts too (seconds since the epoch: UTC)
+            # a trial that never beat counts from its claim (a retried one starts without its
+            # predecessor's beats; see FreshRetry), in seconds since the epoch: UTC
             start = _utc(trial.datetime_start).timestamp()
             last = max(trial.system_attrs.get(HEARTBEAT_ATTR, 0.0), start)
             if now - last > 2 * self.heartbeat_interval:
