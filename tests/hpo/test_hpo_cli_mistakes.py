@@ -98,6 +98,9 @@ BAD_ARGUMENTS: dict[str, list[tuple[list[str], str, str]]] = {
     "--no-progress": [
         (["--n-trials", "2", "--no-progress=1"], "--no-progress", "ignored explicit argument")
     ],
+    "--allow-space-change": [
+        (["--n-trials", "2", "--allow-space-change=1"], "--allow-space-change", "ignored explicit")
+    ],
     "unknown": [(["--n-trials", "2", "--bogus"], "--bogus", "not an argument")],
 }
 

@@ -9,6 +9,7 @@ holds fewer trials than its budget (counted in the transaction that creates it),
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 import warnings
@@ -36,6 +37,35 @@ RETRY_ATTR = "failed_trial"
 callback)."""
 
 _claims = threading.local()
+
+
+class FreshRetry(RetryHeartbeatStaleTrialCallback):
+    """Optuna's retry callback, whose queued copy starts with fresh attributes.
+
+    Optuna's copy keeps the failed trial's user attributes: a trial interrupted by Ctrl-C would
+    complete with the ``reason`` of its interruption. The copy keeps what runs the same point
+    again and what the budget counts: the params, their distributions and the system attributes
+    (the retry history, a sampler's own), but not the failed trial's last heartbeat.
+
+    Example:
+        >>> import optuna
+        >>> from trainopt.hpo.claims import FreshRetry
+        >>> study = optuna.create_study()
+        >>> trial = study.ask({"x": optuna.distributions.FloatDistribution(0.0, 1.0)})
+        >>> trial.set_user_attr("reason", "KeyboardInterrupt: ")
+        >>> study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        FrozenTrial(...)
+        >>> FreshRetry()(study, study.trials[0])
+        >>> queued = study.trials[1]
+        >>> queued.state.name, queued.params == study.trials[0].params, queued.user_attrs
+        ('WAITING', True, {})
+    """
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        fresh = copy.copy(trial)
+        fresh.user_attrs = {}
+        fresh.system_attrs = {k: v for k, v in trial.system_attrs.items() if k != HEARTBEAT_ATTR}
+        super().__call__(study, fresh)
 
 
 class BudgetSpent(Exception):

@@ -9,7 +9,7 @@ machine that reaches the storage. It shows a progress bar, prints the best trial
 front) and writes the plots.
 
 Every check runs before any database file is created and before the first trial: a mistake in
-the config or the arguments, or a config that doesn't match the stored study (its directions),
+the config or the arguments, or a config that doesn't match the stored study (directions, space),
 prints one line, ``error: <field>: <what is allowed>``, and exits with status 2. On a cluster,
 ``--device auto`` and ``--timeout`` pin and bound a worker, and SIGTERM returns its running
 trial to the queue (see :mod:`trainopt.hpo.cluster`).
@@ -37,6 +37,7 @@ from trainopt.hpo.cluster import (
     worker_id,
 )
 from trainopt.hpo.config import HPOConfig, load_hpo_config
+from trainopt.hpo.space import check_space_unchanged
 from trainopt.hpo.storage import open_storage
 from trainopt.hpo.study import best_trials_text, create_study, make_sampler
 from trainopt.hpo.workers import Objective, run_worker
@@ -106,6 +107,13 @@ def build_parser() -> ArgumentParser:
         help="seconds after which this worker claims no new trial; the running one finishes",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--allow-space-change",
+        action="store_true",
+        help="go on when the config's search space differs from the one the stored study's "
+        "trials were drawn from (a range, a step, an added or dropped parameter); without "
+        "it that is refused before any trial. Another type can't be mixed in one study",
+    )
     return parser
 
 
@@ -135,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plots = _plots_folder(args, name)
     device = _device(args.device, config)
     url = args.storage or f"sqlite:///{name}.db"
-    storage, found = _stored(url, name, config)
+    storage, found = _stored(url, name, config, args.allow_space_change)
     if not found and args.n_trials is None:
         raise UsageError(
             "--study-name", f"no study {name!r} in {_shown(url)}: create it with --n-trials N"
@@ -152,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pruner=config.make_pruner(),
             seed=config.seed,
             space=config.space,
+            allow_space_change=args.allow_space_change,
         )
     else:
         study = optuna.load_study(
@@ -172,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     show_progress_bar=not args.no_progress,
                     reseed=args.n_trials is None,
                     timeout=args.timeout,
+                    allow_space_change=args.allow_space_change,
                 )
         except Terminated as stopped:
             # the worker queued the trial again (as for Ctrl-C); a requeued job or another worker
@@ -282,7 +292,7 @@ def _checked(objective: Objective, config: HPOConfig, device: str | None) -> Obj
 
 
 def _stored(
-    url: str, name: str, config: HPOConfig
+    url: str, name: str, config: HPOConfig, allow_space_change: bool = False
 ) -> tuple[optuna.storages.BaseStorage | None, bool]:
     """The storage at ``url`` (``None`` if not opened) and whether it holds the study ``name``.
 
@@ -315,6 +325,13 @@ def _stored(
             f"{list(stored)}; got {list(config.directions or ())} (give another "
             f"--study-name for a new study)",
         )
+    check_space_unchanged(
+        config.space,
+        storage.get_all_trials(study_id, deepcopy=False),
+        name,
+        allow_change=allow_space_change,
+        opt_in="pass --allow-space-change",
+    )
     return storage, True
 
 

@@ -13,7 +13,7 @@ allowed.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,6 +251,99 @@ def load_search_space(
             raise _config_error(key, "is required: the mapping of hyperparameter -> spec")
         data = data[key]
     return SearchSpace.from_dict(data, where=key or "search_space")
+
+
+def check_space_unchanged(
+    space: SearchSpace,
+    trials: Sequence[optuna.trial.FrozenTrial],
+    study_name: str,
+    *,
+    allow_change: bool = False,
+    opt_in: str = "pass allow_space_change=True",
+) -> None:
+    """Refuse ``space`` if it differs from the one a stored study's ``trials`` were drawn from.
+
+    The study's space is the distributions of its latest COMPLETE, PRUNED or WAITING trial (a
+    RUNNING one may have drawn part of its point only; without any of those, the RUNNING trial
+    with the most parameters). A changed range, step, log scale or type, and an added or dropped
+    parameter, raise :class:`~trainopt.config.errors.ConfigError` for ``search_space.<name>``,
+    naming both distributions: the study would compare points drawn from two spaces. With
+    ``allow_change`` it goes on, except for a change Optuna refuses in one study (another type,
+    log scale or set of choices, see ``optuna.distributions.check_distribution_compatibility``),
+    which would fail every trial.
+
+    Example:
+        >>> import optuna
+        >>> from trainopt.hpo.space import SearchSpace, check_space_unchanged
+        >>> study = optuna.create_study()
+        >>> study.add_trial(optuna.trial.create_trial(params={"x": 0.5}, value=1.0,
+        ...     distributions={"x": optuna.distributions.FloatDistribution(0.0, 1.0)}))
+        >>> wider = SearchSpace.from_dict({"x": {"type": "float", "low": 0.0, "high": 2.0}})
+        >>> try:
+        ...     check_space_unchanged(wider, study.trials, "demo")
+        ... except ValueError as error:
+        ...     print(error)
+        search_space.x: the study 'demo' has FloatDistribution(high=1.0, log=False, low=0.0,
+            step=None), this config FloatDistribution(high=2.0, log=False, low=0.0, step=None);
+            start a new study, or pass allow_space_change=True to go on
+        >>> check_space_unchanged(wider, study.trials, "demo", allow_change=True)  # goes on
+    """
+    drawn = [t for t in trials if t.distributions]
+    settled = [t for t in drawn if t.state in _SETTLED]
+    running = [t for t in drawn if t.state == optuna.trial.TrialState.RUNNING]
+    if settled:
+        stored = max(settled, key=lambda t: t.number).distributions
+    elif running:
+        stored = max(running, key=lambda t: len(t.distributions)).distributions
+    else:
+        return
+    config = {name: spec.distribution() for name, spec in space.items()}
+    changed = [
+        name
+        for name in [*config, *(n for n in stored if n not in config)]
+        if stored.get(name) != config.get(name)
+    ]
+    if not changed:
+        return
+    incompatible = {}
+    for name in changed:
+        if name not in config:
+            continue
+        for trial in drawn:  # Optuna checks a new trial's parameter against the earlier ones
+            if name in trial.distributions:
+                try:
+                    optuna.distributions.check_distribution_compatibility(
+                        trial.distributions[name], config[name]
+                    )
+                except ValueError as exc:
+                    incompatible[name] = (trial.distributions[name], str(exc))
+                    break
+    if allow_change and not incompatible:
+        return
+    name = next(iter(incompatible)) if incompatible else changed[0]
+    old = incompatible[name][0] if name in incompatible else stored.get(name)
+    was = "no parameter " + repr(name) if old is None else repr(old)
+    now = "drops it" if name not in config else repr(config[name])
+    others = [n for n in changed if n != name]
+    more = f" (also changed: {', '.join(others)})" if others else ""
+    if name in incompatible:
+        advice = (
+            f"Optuna can't hold both in one study ({incompatible[name][1].rstrip('.')}): "
+            "start a new study"
+        )
+    else:
+        advice = f"start a new study, or {opt_in} to go on"
+    raise _config_error(
+        f"search_space.{name}",
+        f"the study {study_name!r} has {was}, this config {now}{more}; {advice}",
+    )
+
+
+_SETTLED = (
+    optuna.trial.TrialState.COMPLETE,
+    optuna.trial.TrialState.PRUNED,
+    optuna.trial.TrialState.WAITING,
+)
 
 
 def params_at_edge(

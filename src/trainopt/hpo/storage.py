@@ -19,8 +19,8 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
+import logging
 import math
 import time
 import warnings
@@ -32,7 +32,7 @@ from typing import Any
 import optuna
 import sqlalchemy
 from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
-from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages import BaseStorage
 from optuna.storages._heartbeat import BaseHeartbeat  # private: see _JournalStorage
 from optuna.storages._rdb import models  # private: see _RDBStorage
 from optuna.trial import FrozenTrial, TrialState
@@ -43,6 +43,7 @@ from trainopt.hpo.claims import (  # noqa: F401  (BudgetSpent and waiting_trials
     RETRY_ATTR,
     WORKER_ATTR,
     BudgetSpent,
+    FreshRetry,
     _check_budget,
     _claiming,
     _claims,
@@ -53,6 +54,13 @@ from trainopt.hpo.claims import (  # noqa: F401  (BudgetSpent and waiting_trials
     worker_name,
 )
 from trainopt.hpo.space import _config_error
+
+CLAIM_LOCK_GRACE = 30
+"""Seconds a journal's budget lock may stay unchanged before a waiting worker takes it as left
+by a dead worker and removes it (Optuna's ``JournalFileOpenLock`` grace period; a claim takes
+far less)."""
+
+_log = logging.getLogger(__name__)
 
 MAX_RETRIES = 2
 """How many times a trial whose worker died is queued again (its params kept); then it stays
@@ -200,7 +208,10 @@ class _JournalStorage(_ExactBudget, optuna.storages.JournalStorage, BaseHeartbea
     Why private: the protocol is ``optuna.storages._heartbeat.BaseHeartbeat``; ``study.optimize``
     and ``optuna.storages.fail_stale_trials`` drive any storage that implements it.
     tests/hpo/test_optuna_contract.py fails if Optuna stops doing so. A claim that creates a
-    trial counts the study's trials under a lock on ``<journal>.claim.lock``.
+    trial counts the study's trials under a lock, ``<journal>.budget.lock``: Optuna's
+    ``JournalFileOpenLock``, a file created with ``open(O_CREAT | O_EXCL)``, which holds on NFS
+    (v3 or later) and Lustre, where ``fcntl.flock`` may not. A lock left by a killed worker is
+    removed once unchanged for :data:`CLAIM_LOCK_GRACE` seconds, as Optuna does for the journal.
     """
 
     def __init__(
@@ -210,18 +221,30 @@ class _JournalStorage(_ExactBudget, optuna.storages.JournalStorage, BaseHeartbea
         heartbeat_interval: int | None = None,
         heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None] | None = None,
     ) -> None:
+        from optuna.storages.journal import JournalFileOpenLock
+
         super().__init__(backend)
         self.lock_path = lock_path
+        self._claim_lock = JournalFileOpenLock(
+            lock_path.removesuffix(".lock"), grace_period=CLAIM_LOCK_GRACE
+        )
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_stale_trial_callback = heartbeat_stale_trial_callback
 
     def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
         if not _claiming(template_trial):
             return super().create_new_trial(study_id, template_trial)
-        with open(self.lock_path, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        self._claim_lock.acquire()  # waits; removes a lock unchanged for CLAIM_LOCK_GRACE s
+        try:
             _count_in_memory(self, study_id)
             return super().create_new_trial(study_id, template_trial)
+        finally:
+            try:
+                self._claim_lock.release()
+            except RuntimeError:  # taken for a dead worker's lock after the grace period
+                _log.warning(
+                    "the budget lock %s was removed while this worker held it", self.lock_path
+                )
 
     def record_heartbeat(self, trial_id: int) -> None:
         try:
@@ -233,8 +256,8 @@ class _JournalStorage(_ExactBudget, optuna.storages.JournalStorage, BaseHeartbea
         assert self.heartbeat_interval is not None
         now, stale = _now().timestamp(), []
         for trial in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-            # a trial that never beat counts from its claim; a retried one copies its
-            # predecessor's attributes, so its claim counts too (seconds since the epoch: UTC)
+            # a trial that never beat counts from its claim (a retried one starts without its
+            # predecessor's beats; see FreshRetry), in seconds since the epoch: UTC
             start = _utc(trial.datetime_start).timestamp()
             last = max(trial.system_attrs.get(HEARTBEAT_ATTR, 0.0), start)
             if now - last > 2 * self.heartbeat_interval:
@@ -285,9 +308,7 @@ def open_storage(url: str | Path, heartbeat: int | None = 60) -> BaseStorage:
             warnings.simplefilter("ignore", ExperimentalWarning)
             beats = {
                 "heartbeat_interval": heartbeat,
-                "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(
-                    max_retry=MAX_RETRIES
-                ),
+                "heartbeat_stale_trial_callback": FreshRetry(max_retry=MAX_RETRIES),
             }
     if url == ":memory:":
         return _InMemoryStorage()
@@ -295,7 +316,7 @@ def open_storage(url: str | Path, heartbeat: int | None = 60) -> BaseStorage:
         from optuna.storages.journal import JournalFileBackend
 
         path = url.removeprefix("journal:")
-        return _JournalStorage(JournalFileBackend(path), f"{path}.claim.lock", **beats)
+        return _JournalStorage(JournalFileBackend(path), f"{path}.budget.lock", **beats)
     if "://" not in url:
         raise _config_error(
             "storage",

@@ -26,7 +26,7 @@ from optuna.trial import TrialState
 
 from trainopt.hpo.claims import budget_of, budget_trials, set_budget, trials_to_run  # noqa: F401
 from trainopt.hpo.seeds import TrialSeededSampler
-from trainopt.hpo.space import SearchSpace, _config_error
+from trainopt.hpo.space import SearchSpace, _config_error, check_space_unchanged
 from trainopt.hpo.storage import open_storage
 from trainopt.hpo.workers import Objective, run_worker
 from trainopt.validation import check_int
@@ -174,6 +174,7 @@ def create_study(
     seed: int | None = 0,
     space: SearchSpace | None = None,
     heartbeat: int | None = 60,
+    allow_space_change: bool = False,
 ) -> optuna.Study:
     """Create (or load) a study and raise its budget to ``n_trials`` trials in all.
 
@@ -197,6 +198,10 @@ def create_study(
         space: The search space (needed by the grid sampler).
         heartbeat: Seconds between heartbeats of a running trial, when ``storage`` is a URL
             (see :func:`~trainopt.hpo.storage.open_storage`).
+        allow_space_change: Go on with a ``space`` that differs from the one the stored
+            study's trials were drawn from (see
+            :func:`~trainopt.hpo.space.check_space_unchanged`); else that raises a
+            ``ConfigError`` before the budget changes.
 
     Example:
         >>> from trainopt.hpo import create_study
@@ -238,6 +243,10 @@ def create_study(
         sampler=made,
         pruner=pruner,
     )
+    if space is not None:
+        check_space_unchanged(
+            space, study.get_trials(deepcopy=False), study_name, allow_change=allow_space_change
+        )
     set_budget(study, n_trials)
     return study
 
@@ -255,6 +264,7 @@ def tune(
     seed: int | None = 0,
     show_progress_bar: bool = False,
     heartbeat: int | None = 60,
+    allow_space_change: bool = False,
 ) -> optuna.Study:
     """Tune ``objective(trial, params)`` over ``space`` until the study holds ``n_trials`` trials.
 
@@ -286,8 +296,15 @@ def tune(
         seed=seed,
         space=space,
         heartbeat=heartbeat,
+        allow_space_change=allow_space_change,
     )
-    run_worker(study, space, objective, show_progress_bar=show_progress_bar)
+    run_worker(
+        study,
+        space,
+        objective,
+        show_progress_bar=show_progress_bar,
+        allow_space_change=allow_space_change,
+    )
     return study
 
 

@@ -22,15 +22,15 @@ from typing import Any
 
 import optuna
 from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
-from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
 from trainopt.hpo.reporter import TrialDiverged
-from trainopt.hpo.space import SearchSpace
+from trainopt.hpo.space import SearchSpace, check_space_unchanged
 from trainopt.hpo.storage import (
     RETRY_ATTR,
     WORKER_ATTR,
     BudgetSpent,
+    FreshRetry,
     check_claims_are_safe,
     heartbeat_interval,
     waiting_trials_only,
@@ -98,6 +98,7 @@ def run_worker(
     show_progress_bar: bool = False,
     reseed: bool = False,
     timeout: float | None = None,
+    allow_space_change: bool = False,
 ) -> dict[str, int]:
     """Run trials of ``study`` until its budget is spent; return this worker's counts by final
     state.
@@ -122,6 +123,9 @@ def run_worker(
         reseed: Reseed the sampler (for a sampler of your own: one from
             :func:`~trainopt.hpo.make_sampler` is seeded per trial already).
         timeout: Claim no trial, and wait for none, after this many seconds.
+        allow_space_change: Go on with a ``space`` that differs from the one the study's
+            trials were drawn from; else that raises a ``ConfigError`` before any trial (see
+            :func:`~trainopt.hpo.space.check_space_unchanged`).
 
     Example:
         >>> from trainopt.hpo import SearchSpace, create_study, run_worker
@@ -133,6 +137,9 @@ def run_worker(
         {'COMPLETE': 0, 'PRUNED': 0, 'FAIL': 0}
     """
     storage = check_claims_are_safe(study)
+    check_space_unchanged(
+        space, study.get_trials(deepcopy=False), study.study_name, allow_change=allow_space_change
+    )
     beat = heartbeat_interval(storage)
     if reseed:
         study.sampler.reseed_rng()
@@ -274,5 +281,5 @@ def _queue_again(study: optuna.Study, number: int | None) -> None:
         return  # it ended, or it is queued again already
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
-        RetryHeartbeatStaleTrialCallback()(study, trials[number])
+        FreshRetry()(study, trials[number])
     _log.info("trial %d was interrupted; it is queued again", number)  # the command line says so
