@@ -1,4 +1,5 @@
-"""Sphinx configuration for the trainopt site (built with ``sphinx-build -c . docs _build/html``)."""
+"""Sphinx configuration for the trainopt site (built with
+``sphinx-build -c . docs _build/html``)."""
 
 from __future__ import annotations
 

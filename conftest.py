@@ -1,16 +1,17 @@
 """pytest set-up shared by the unit tests, the Sybil-run pages in docs/ and the docstrings in src/.
 
 Sybil collects:
-- every MyST page under ``docs/``: ```` ```python ```` blocks (plain code or ``>>>`` doctests) run in
-  order in one namespace per page, exactly as a reader who pastes them into one interpreter,
+- every MyST page under ``docs/``: ```` ```python ```` blocks (plain code or ``>>>`` doctests) run
+  in order in one namespace per page, exactly as a reader who pastes them into one interpreter,
   started in an empty directory of its own (what a page writes by a relative path, such as the
   stability page's ``checkpoints/recipe``, lands there and is removed with it);
   ``% skip: next if(<condition>, reason="...")`` skips the next block with a reason;
 - every ``>>>`` example in the docstrings of ``src/trainopt``, each docstring in an empty
   namespace of its own (not the module's) and in an empty directory of its own, so an example
   runs exactly as a reader who pastes it alone into a fresh interpreter anywhere: it imports
-  what it uses and reads no file of the repository by a relative path; ``.. skip: start if(<condition>,
-  reason="...")`` … ``.. skip: end`` skips CUDA-only examples on a CPU (the condition is
+  what it uses and reads no file of the repository by a relative path;
+  ``.. skip: start if(<condition>, reason="...")`` … ``.. skip: end`` skips CUDA-only examples on
+  a CPU (the condition is
   evaluated in the docstring's namespace, so an earlier example imports torch).
 
 Nothing is injected into a page's namespace: a page imports what it uses in plain sight.

@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT / "tests"))  # extras, artifacts: the suite's helper
 def shared_tmp_path(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    """A folder of this run that every xdist worker sees (the session's base temp dir without xdist)."""
+    """A folder of this run that every xdist worker sees (the session's base temp dir without
+    xdist)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if hasattr(request.config, "workerinput") else base
 

@@ -117,7 +117,8 @@ MODULES = {_module_name(p): p for p in sorted(SRC.rglob("*.py"))}
 
 
 def _package_of(module: str) -> str:
-    """The section or shared package a module belongs to (``trainopt.perf.bench.x`` -> ``trainopt.perf``)."""
+    """The section or shared package a module belongs to (``trainopt.perf.bench.x`` ->
+    ``trainopt.perf``)."""
     parts = module.split(".")
     return ".".join(parts[:2])
 
@@ -133,7 +134,8 @@ def _resolve(importer: str, node: ast.ImportFrom) -> str:
 
 
 def _imports(module: str, top_level_only: bool) -> set[str]:
-    """The trainopt modules ``module`` imports (a ``from pkg import submodule`` counts the submodule)."""
+    """The trainopt modules ``module`` imports (a ``from pkg import submodule`` counts the
+    submodule)."""
     tree = ast.parse(MODULES[module].read_text())
     nodes = tree.body if top_level_only else list(ast.walk(tree))
     found: set[str] = set()
@@ -194,7 +196,8 @@ def test_packages_import_only_from_below() -> None:
     for module in MODULES:
         here = _package_of(module)
         if here not in RANK or module.endswith(".__main__"):
-            continue  # a command's entry point is a leaf: nothing imports it, so it may use any package
+            # a command's entry point is a leaf: nothing imports it, so it may use any package
+            continue
         for target in _imports(module, top_level_only=False):
             there = _package_of(target)
             if there != here and RANK.get(there, 99) >= RANK[here]:

@@ -32,7 +32,8 @@ def test_the_wheel_carries_every_data_file(trainopt_wheel: Path) -> None:
 def test_the_installed_wheel_is_what_its_environment_imports(
     wheel_python: Path, tmp_path: Path
 ) -> None:
-    """No path to the repository or the test environment: trainopt, and the digits, from the wheel."""
+    """No path to the repository or the test environment: trainopt, and the digits, from the
+    wheel."""
     code = (
         "import sys, trainopt, torch\nfrom trainopt.models import digits_data\n"
         "print(trainopt.__file__)\nprint(digits_data()[0].shape[0])\nprint(sys.path)"

@@ -96,7 +96,8 @@ MUTATIONS = [
     Mutation(
         "a rollback does not reopen the schedule window (its first window runs at the uncut rate)",
         "stability/core.py",
-        "        self.window.reopen()\n        self.window_start = self.steps\n        logger.warning(",
+        "        self.window.reopen()\n"
+        "        self.window_start = self.steps\n        logger.warning(",
         "        self.window_start = self.steps\n        logger.warning(",
         (
             "tests/stability/test_rollback_path.py::test_after_a_rollback_each_step_runs_at_lr_factor_times_"
@@ -195,7 +196,8 @@ def test_the_suite_catches_the_break(mutation: Mutation, pristine: Path, tmp_pat
     )
     # 1: tests ran and failed. 0 would mean the break went unnoticed; 2-5 a broken invocation.
     assert result.returncode == 1, (
-        f"{mutation.name}: pytest exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-2000:]}"
+        f"{mutation.name}: pytest exited {result.returncode}\n"
+        f"{result.stdout[-3000:]}\n{result.stderr[-2000:]}"
     )
     assert " failed" in result.stdout.splitlines()[-1], result.stdout[-2000:]
     caught = [

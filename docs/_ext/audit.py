@@ -105,12 +105,14 @@ def problems_in(path: Path, root: Path | None = None) -> list[str]:
             )
         if re.match(r"^%\s*(invisible-code-block|invisible-code)", stripped):
             issues.append(
-                f"{name}:{n}: invisible code block: examples may rely on nothing the reader can't see"
+                f"{name}:{n}: invisible code block: "
+                "examples may rely on nothing the reader can't see"
             )
         skip = SKIP.match(stripped)
         if skip and not GOOD_SKIP.match(skip.group("args").strip()):
             issues.append(
-                f"{name}:{n}: skip must be 'next if(<condition>, reason=\"...\")', got {skip.group('args')!r}"
+                f"{name}:{n}: skip must be 'next if(<condition>, reason=\"...\")', "
+                f"got {skip.group('args')!r}"
             )
         elif skip and constant_condition(skip.group("args").strip()):
             issues.append(
@@ -298,7 +300,8 @@ for block in blocks:
             os.chdir(tempfile.mkdtemp(dir=base))
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
-            exec(compile(block["code"], f"<block at line {block['line']}>", "exec"), {"__name__": "__main__"})
+            code = compile(block["code"], f"<block at line {block['line']}>", "exec")
+            exec(code, {"__name__": "__main__"})
         except BaseException as error:
             with open(report, "w") as out:
                 out.write(f"{type(error).__name__}: {error}"[:300])
@@ -307,8 +310,12 @@ for block in blocks:
             sys.stdout.flush()
             os._exit(status)
     _, status = os.waitpid(pid, 0)
-    error = open(report).read() if os.path.getsize(report) else ("" if status == 0 else f"exit status {status}")
-    results.append({"line": block["line"], "outcome": "runs" if status == 0 else "fails", "error": error})
+    if os.path.getsize(report):
+        error = open(report).read()
+    else:
+        error = "" if status == 0 else f"exit status {status}"
+    outcome = "runs" if status == 0 else "fails"
+    results.append({"line": block["line"], "outcome": outcome, "error": error})
 print(json.dumps(results))
 """
 
@@ -353,7 +360,8 @@ def unmarked_dependents(path: Path, root: Path | None = None) -> list[str]:
         free = sorted(free_names(_code_of(block)))
         if free:
             problems.append(
-                f"{name}:{block.line}: reads {', '.join(free[:5])}{' ...' if len(free) > 5 else ''} "
+                f"{name}:{block.line}: reads "
+                f"{', '.join(free[:5])}{' ...' if len(free) > 5 else ''} "
                 "from earlier blocks; put '% needs: <the block to run first>' above it"
             )
     return problems
@@ -363,7 +371,8 @@ def alone_problems(path: Path, results: list[Alone], root: Path | None = None) -
     """Blocks that fail alone and don't say what to run first."""
     name = path.relative_to(root) if root else path
     return [
-        f"{name}:{r.line}: fails when copied alone ({r.error}); put '% needs: <the block to run first>' "
+        f"{name}:{r.line}: fails when copied alone ({r.error}); "
+        "put '% needs: <the block to run first>' "
         "above it"
         for r in results
         if r.outcome == "fails" and not r.marked
@@ -371,7 +380,8 @@ def alone_problems(path: Path, results: list[Alone], root: Path | None = None) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python docs/_ext/audit.py --alone [PAGE.md ...]``: each page's blocks run alone, counted."""
+    """``python docs/_ext/audit.py --alone [PAGE.md ...]``: each page's blocks run alone,
+    counted."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python docs/_ext/audit.py")
@@ -403,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
         missing = alone_problems(page, results, docs)
         missing_total += len(missing)
         print(
-            f"{page.relative_to(docs)}: {len(results)} blocks; {count['runs']} run alone, {count['fails']} "
+            f"{page.relative_to(docs)}: {len(results)} blocks; {count['runs']} run alone, "
+            f"{count['fails']} "
             f"fail alone, {count['skipped']} skipped here; {marked} marked '% needs:'; "
             f"{len(missing)} need a marker"
         )

@@ -27,7 +27,8 @@ SECTIONS = ("guides/", "advanced/performance/", "concepts/")
 
 
 def NOTEBOOK_PAGES(docs: str | Path) -> list[str]:  # noqa: N802 - reads as the list it returns
-    """Docnames of the pages that come as notebooks: every page of the sections, index pages aside."""
+    """Docnames of the pages that come as notebooks: every page of the sections, index pages
+    aside."""
     docs = Path(docs)
     names = sorted(p.relative_to(docs).with_suffix("").as_posix() for p in docs.rglob("*.md"))
     return [n for n in names if n.startswith(SECTIONS) and Path(n).name != "index"]

@@ -264,8 +264,9 @@ MIN_TEXT_KEY = "trainopt_min_text_px"
 """PNG tEXt key under which a generated figure records its smallest text height, in pixels."""
 
 FIGURE_DPI = 220
-"""Figures are drawn at 110 dots per CSS inch and saved at twice that: crisp on high-density screens.
-The page shows each at half its pixel width (``DISPLAY_SCALE``), so text keeps its size."""
+"""Figures are drawn at 110 dots per CSS inch and saved at twice that: crisp on high-density
+screens. The page shows each at half its pixel width (``DISPLAY_SCALE``), so text keeps its
+size."""
 DISPLAY_SCALE = 2
 
 

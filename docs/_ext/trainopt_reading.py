@@ -1,4 +1,5 @@
-"""Reading aids on the pages: what each code block needs, what it prints, and the page as a notebook.
+"""Reading aids on the pages: what each code block needs, what it prints, and the page as a
+notebook.
 
 Read from the page's own MyST source, next to the ```` ```python ```` block they describe:
 
@@ -142,7 +143,8 @@ def _output_nodes(printed: str) -> list[nodes.Node]:
                 "",
                 '<details class="trainopt-output-wide"><summary>Output: a table '
                 f"{max(map(len, lines))} characters wide</summary>"
-                '<div class="highlight-text notranslate trainopt-output"><div class="highlight"><pre>'
+                '<div class="highlight-text notranslate trainopt-output">'
+                '<div class="highlight"><pre>'
                 f"{html.escape(printed)}</pre></div></div></details>",
                 format="html",
             )
@@ -163,9 +165,11 @@ def add_notebook_button(app: Sphinx, doctree: nodes.document) -> None:
         return
     name = Path(docname).name + ".ipynb"
     html = (
-        f'<p class="trainopt-notebook"><a class="sd-btn sd-btn-outline-primary sd-btn-sm" href="{name}" '
+        '<p class="trainopt-notebook">'
+        f'<a class="sd-btn sd-btn-outline-primary sd-btn-sm" href="{name}" '
         f'download="{name}">Download as a notebook</a> <span class="trainopt-notebook-note">'
-        "every code block of this page, in order; it runs top to bottom in a fresh kernel</span></p>"
+        "every code block of this page, in order; it runs top to bottom in a fresh kernel"
+        "</span></p>"
     )
     section.insert(1, nodes.raw("", html, format="html"))
     section.insert(
@@ -185,7 +189,8 @@ def install_note(extras: object) -> str:
     target = f'".[{",".join(extras)}]"' if extras else "."
     what = "the library with these extras" if extras else "the library alone, no extra"
     return (
-        f'<p class="trainopt-install">Runs with: <code>python -m pip install {html.escape(target)}</code> '
+        '<p class="trainopt-install">Runs with: '
+        f"<code>python -m pip install {html.escape(target)}</code> "
         f"in the folder of your clone ({what}; see <em>Use trainopt in your project</em> on the "
         "landing page).</p>"
     )

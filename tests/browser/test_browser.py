@@ -1,4 +1,5 @@
-"""The site as a reader meets it: headless Chromium (Playwright) against the built site on localhost.
+"""The site as a reader meets it: headless Chromium (Playwright) against the built site on
+localhost.
 
 - every page loads with no console error, no failed request and no broken image;
 - the grid cards of the landing pages lead to the right pages; the Training Optimization grid has
@@ -14,7 +15,8 @@
   implementations folded (heights in ``test-artifacts/page-heights.json``);
 - nothing is clipped at 1280 px and 390 px: display maths, code outside dropdowns, wide tables, the
   page itself;
-- every figure has a caption, opens its full-size PNG, and its smallest text is >= 9 px as displayed;
+- every figure has a caption, opens its full-size PNG, and its smallest text is >= 9 px as
+  displayed;
 - no visible sidebar is empty;
 - search finds the scheduling page for "cosine" and the stability page for "loss scaling";
 - light and dark themes and a phone-width viewport render the grids without overflow
@@ -200,7 +202,8 @@ LAYOUT_JS = r"""
 async () => {
   if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
   await document.fonts.ready;
-  const article = document.querySelector('article.bd-article') || document.querySelector('main') || document.body;
+  const article = document.querySelector('article.bd-article') || document.querySelector('main')
+    || document.body;
   const px = (x) => Math.round(x * 10) / 10;
   const scrollsX = (el) => ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
   // The nearest element from `el` up to (not including) the article that scrolls sideways.
@@ -218,7 +221,8 @@ async () => {
     return r.width > 0 && r.height > 0 && s.display !== 'none' && s.visibility !== 'hidden';
   };
   const articleStyle = getComputedStyle(article);
-  const articleContent = article.clientWidth - parseFloat(articleStyle.paddingLeft) - parseFloat(articleStyle.paddingRight);
+  const articleContent = article.clientWidth - parseFloat(articleStyle.paddingLeft)
+    - parseFloat(articleStyle.paddingRight);
   const out = {
     height: document.documentElement.scrollHeight,
     overflow: document.documentElement.scrollWidth - document.documentElement.clientWidth,
@@ -266,7 +270,8 @@ COPY_ALL_JS = r"""
 async () => {
   let copied = null;
   document.addEventListener('copy', e => {
-    copied = e.target && e.target.value !== undefined ? e.target.value : document.getSelection().toString();
+    copied = e.target && e.target.value !== undefined
+      ? e.target.value : document.getSelection().toString();
   }, true);
   const out = [];
   const cells = Array.from(document.querySelectorAll('div.highlight'));
@@ -283,7 +288,8 @@ async () => {
     // of what isn't rendered is not its text.
     out.push({index, copied, shown: cell.querySelector('pre').textContent,
               classes: cell.parentElement.className + ' ' + (wrapper ? wrapper.className : '')
-                       + (cell.closest('.trainopt-source, .trainopt-source-dropdown') ? ' trainopt-source' : ''),
+                       + (cell.closest('.trainopt-source, .trainopt-source-dropdown')
+                          ? ' trainopt-source' : ''),
               inDropdown: !!cell.closest('details'),
               docstring: dt && dt.id ? dt.id : '(module docstring)'});
   }
@@ -298,7 +304,8 @@ def _survey(browser: object, server: str, width: int, height: int, copies: bool)
         permissions=["clipboard-read", "clipboard-write"],
     )
     page = context.new_page()
-    # What goes wrong while a page loads: console errors, script errors, failed requests, HTTP errors.
+    # What goes wrong while a page loads: console errors, script errors, failed requests, HTTP
+    # errors.
     problems: list[str] = []
     page.on(
         "console",
@@ -316,11 +323,13 @@ def _survey(browser: object, server: str, width: int, height: int, copies: bool)
         page.goto(f"{server}/{name}", wait_until="load")
         # Copy buttons come once ClipboardJS has loaded; LAYOUT_JS waits for MathJax and fonts.
         page.wait_for_function(
-            "!document.querySelector('div.highlight pre') || document.querySelector('button.copybtn')"
+            "!document.querySelector('div.highlight pre') "
+            "|| document.querySelector('button.copybtn')"
         )
         found[name] = page.evaluate(LAYOUT_JS)
         found[name]["broken_images"] = page.evaluate(
-            "Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src)"
+            "Array.from(document.images)"
+            ".filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src)"
         )
         found[name]["problems"] = list(problems)
         if copies:
@@ -436,7 +445,8 @@ def _fresh_python(
 
 
 def _record(artifact: str, key: str, value: object) -> None:
-    """Merge ``{key: value}`` into ``test-artifacts/<artifact>`` (under a lock: see artifacts.py)."""
+    """Merge ``{key: value}`` into ``test-artifacts/<artifact>`` (under a lock: see
+    artifacts.py)."""
     record(artifact, key, value, ARTIFACTS)
 
 
@@ -525,7 +535,8 @@ def test_copied_implementations_run_alone_from_an_empty_directory(survey: dict[s
     result = _fresh_python(RUN_EACH_ALONE, implementations)
     failures = (
         [
-            f"the implementations, each alone, failed in a fresh interpreter in an empty directory:\n"
+            "the implementations, each alone, failed in a fresh interpreter in an empty "
+            "directory:\n"
             f"{result.stderr[-3000:]}"
         ]
         if result.returncode != 0
@@ -582,7 +593,8 @@ def test_copied_usage_blocks_paste_into_a_plain_repl(survey: dict[str, dict]) ->
                     break
             if console.buffer:
                 failures.append(
-                    f"{name}, block {block['index']} (line {block['line']} of the page): the prompt "
+                    f"{name}, block {block['index']} (line {block['line']} of the page): "
+                    "the prompt "
                     f"still waits for more after the block and an Enter"
                 )
     _record("copied-blocks-failures.json", "repl", failures)
@@ -601,7 +613,8 @@ def test_copied_usage_blocks_paste_into_a_plain_repl(survey: dict[str, dict]) ->
 
 
 def _docstring_of(dotted: str) -> str | None:
-    """The docstring of ``package.module.Class.method``: the longest importable prefix, then attributes."""
+    """The docstring of ``package.module.Class.method``: the longest importable prefix, then
+    attributes."""
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
         try:
@@ -863,7 +876,8 @@ def test_landing_pages_render_without_overflow(
         assert overflow <= 1, f"{landing} overflows by {overflow}px at {width}px ({theme})"
         cards = page.eval_on_selector_all(
             ".sd-card",
-            "els => els.map(e => { const r = e.getBoundingClientRect(); return [r.left, r.right]; })",
+            "els => els.map(e => { const r = e.getBoundingClientRect(); "
+            "return [r.left, r.right]; })",
         )
         assert cards and all(left >= 0 and right <= width + 1 for left, right in cards), cards
         name = landing.replace("/", "_").replace(".html", "")

@@ -83,11 +83,13 @@ TOC_JS = r"""
   const bar = document.querySelector('.bd-sidebar-secondary');
   if (!bar) return null;
   const r = bar.getBoundingClientRect(), s = getComputedStyle(bar);
-  const links = Array.from(bar.querySelectorAll('nav.page-toc a[href^="#"], .bd-toc-nav a[href^="#"]'))
+  const links = Array.from(
+      bar.querySelectorAll('nav.page-toc a[href^="#"], .bd-toc-nav a[href^="#"]'))
     .filter(a => a.getBoundingClientRect().width > 0);
   return {visible: s.display !== 'none' && s.visibility !== 'hidden' && r.width > 0 && r.height > 0,
           left: r.left, right: r.right, links: links.length,
-          article_right: document.querySelector('article.bd-article').getBoundingClientRect().right};
+          article_right:
+            document.querySelector('article.bd-article').getBoundingClientRect().right};
 }
 """
 
@@ -113,7 +115,8 @@ def test_the_in_page_contents_are_visible_at_1280_px_and_wider(
 
 def test_gpu_only_blocks_carry_a_visible_needs_cuda_badge(browser: object, server: str) -> None:
     context, page = _page(browser, f"{server}/advanced/performance/memory-optimization.html")
-    badges = page.evaluate(r"""() => Array.from(document.querySelectorAll('p.trainopt-needs-cuda')).map(p => {
+    badges = page.evaluate(r"""() => Array.from(
+        document.querySelectorAll('p.trainopt-needs-cuda')).map(p => {
         const r = p.getBoundingClientRect();
         let next = p.nextElementSibling;
         while (next && next.matches('p.trainopt-block-note')) next = next.nextElementSibling;
@@ -135,7 +138,8 @@ def test_a_package_reference_page_lists_its_exports_with_links(
     context, page = _page(browser, f"{server}/reference/trainopt.stability.html")
     rows = page.eval_on_selector_all(
         "#what-the-package-exports table tbody tr",
-        "rows => rows.map(r => ({name: r.cells[0].innerText.trim(), href: r.querySelector('a')?.href || null,"
+        "rows => rows.map(r => ({name: r.cells[0].innerText.trim(), "
+        "href: r.querySelector('a')?.href || null,"
         " summary: r.cells[1].innerText.trim()}))",
     )
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""The reference update rules of trainopt.concepts agree with torch.optim, clip_grad_norm_ and GradScaler."""
+"""The reference update rules of trainopt.concepts agree with torch.optim, clip_grad_norm_ and
+GradScaler."""
 
 from __future__ import annotations
 

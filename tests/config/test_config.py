@@ -1,4 +1,5 @@
-"""Tests of trainopt.config: loading, every error naming its dotted field, building from a config."""
+"""Tests of trainopt.config: loading, every error naming its dotted field, building from a
+config."""
 
 from __future__ import annotations
 
@@ -207,8 +208,8 @@ def test_every_yaml_file_under_docs_data_for_schedulers_validates():
     register_scheduler("polynomial", PolynomialDecaySchedule)
     files = sorted(DATA.glob("scheduler*.yaml"))
     assert files
-    for path in files:
-        load_config(path)
+    for file in files:
+        load_config(file)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""Root cause first, and advice that never contradicts it: over every pair of symptoms that can occur together.
+"""Root cause first, and advice that never contradicts it: over every pair of symptoms that can
+occur together.
 
 Each symptom is either a shape of the loss (the run's baseline) or an event laid over it, so any
 two combine into one synthetic run: a plateau after an early explosion, a gradient spike on a
@@ -147,7 +148,7 @@ def test_every_advice_moves_the_learning_rate_as_it_says() -> None:
         {s: advice(s, after="loss explosion at step 5") for s in AFTER_BLOW_UP},
     ]
     for table in tables:
-        for symptom, (cause, fix, _, lr) in table.items():
+        for symptom, (_cause, fix, _, lr) in table.items():
             assert (lr == "raise") == ("raise" in fix), (symptom, fix)
             assert lr != "lower" or "lower" in fix, (symptom, fix)
     assert {a.lr for a in AFTER_BLOW_UP.values()} | {a.lr for a in EARLY.values()} <= {

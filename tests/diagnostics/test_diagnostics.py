@@ -240,7 +240,7 @@ def test_every_symptom_has_advice() -> None:
 def test_every_trainopt_object_a_fix_names_exists() -> None:
     import importlib
 
-    for _, (cause, fix, _, _) in ALL_ADVICE:
+    for _, (_cause, fix, _, _) in ALL_ADVICE:
         for dotted in re.findall(r"trainopt(?:\.\w+)+", fix):
             try:
                 importlib.import_module(dotted)

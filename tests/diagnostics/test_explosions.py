@@ -1,4 +1,5 @@
-"""Early steps are judged: explosions before any rolling history exists, against an absolute scale."""
+"""Early steps are judged: explosions before any rolling history exists, against an absolute
+scale."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""diagnose() on fresh runs it never saw: the first finding fits the known cause; healthy runs get none."""
+"""diagnose() on fresh runs it never saw: the first finding fits the known cause; healthy runs get
+none."""
 
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ def test_no_run_that_blew_up_is_advised_to_raise_its_learning_rate(generated_run
 def test_a_learning_rate_far_too_high_blows_sgd_up_in_its_first_steps_and_leaves_it_dead(
     generated_runs,
 ) -> None:
-    """The fault is real: the loss leaves 2.3 for thousands (at least 4x) within 15 steps, then sits near chance."""
+    """The fault is real: the loss leaves 2.3 for thousands (at least 4x) within 15 steps, then sits
+    near chance."""
     peaks = []
     for spec, records in generated_runs:
         if (spec.cause, spec.optimizer) != ("lr_too_high", "sgd"):

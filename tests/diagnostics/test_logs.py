@@ -34,7 +34,8 @@ TRAINER_FITS = {
 
 
 def _trainer_run(cause: str, out: Path) -> Path:
-    """A tiny GPT-2 (2 layers, width 32) learning counting sequences with the Trainer, 100 steps on a CPU."""
+    """A tiny GPT-2 (2 layers, width 32) learning counting sequences with the Trainer, 100 steps on
+    a CPU."""
     from transformers import (
         GPT2Config,
         GPT2LMHeadModel,

@@ -1,4 +1,5 @@
-"""The built site: -W build, rendered grids and maths, meta descriptions, badges, links, copy button."""
+"""The built site: -W build, rendered grids and maths, meta descriptions, badges, links, copy
+button."""
 
 from __future__ import annotations
 

@@ -376,7 +376,8 @@ def test_docstring_literal_blocks_of_yaml_or_shell_declare_their_language() -> N
 def test_docstring_literal_check_finds_undeclared_yaml_and_shell(tmp_path: Path) -> None:
     module = tmp_path / "probe.py"
     module.write_text(
-        'def f():\n    """Load a config.\n\n    Example config::\n\n        type: cosine\n        total_steps: 10\n\n'
+        'def f():\n    """Load a config.\n\n    Example config::\n\n'
+        "        type: cosine\n        total_steps: 10\n\n"
         "    Run it::\n\n        $ python -m trainopt.hpo config.yaml\n\n"
         '    .. code-block:: yaml\n\n        type: cosine\n    """\n'
     )

@@ -4,16 +4,16 @@ The notebooks are the ones the site offers for download (``docs/_ext/notebooks.p
 nbclient in a kernel whose interpreter is a fresh virtual environment holding trainopt's wheel with
 exactly the extras the landing page names (the ``wheel_python`` fixture): no path to the test
 environment, so a page that needs a module the wheel or those extras lack fails here. Cells that
-need CUDA print why they were skipped on a machine without it. The count of notebooks run, and each one's time, is kept in
-``test-artifacts/notebooks.json``.
+need CUDA print why they were skipped on a machine without it. The count of notebooks run, and
+each one's time, is kept in ``test-artifacts/notebooks.json``.
 
 What each block printed is the page's "Output" under the block (``docs/_ext/trainopt_reading.py``),
 read from ``docs/_data/outputs/<page>.json``, which is committed. Each run checks it: a block that
 prints must have a recorded output for its current code, and what it prints now must begin with the
 same line, numbers masked (timings, losses and addresses differ from machine to machine).
 ``TRAINOPT_RECORD_OUTPUTS=1`` writes the file from this run instead (on CPU; cells that need CUDA
-print only why they were skipped, and those are not recorded). On a machine with CUDA only the set of
-printing blocks is compared, as the values are a CPU's.
+print only why they were skipped, and those are not recorded). On a machine with CUDA only the
+set of printing blocks is compared, as the values are a CPU's.
 """
 
 from __future__ import annotations
@@ -105,14 +105,15 @@ def test_the_notebook_runs_in_a_fresh_kernel_in_an_empty_directory(
     recorded = json.loads(target.read_text()) if target.exists() else {}
     again = "record them again with TRAINOPT_RECORD_OUTPUTS=1 pytest tests/docs/test_notebooks.py"
     assert sorted(recorded) == sorted(printed), (
-        f"{page}: the blocks that print (at lines {sorted(v['line'] for v in printed.values())}) are not the "
-        f"blocks with a recorded output (by code hash {sorted(k[:8] for k in recorded)}, these blocks now: "
+        f"{page}: the blocks that print (at lines {sorted(v['line'] for v in printed.values())}) "
+        "are not the blocks with a recorded output "
+        f"(by code hash {sorted(k[:8] for k in recorded)}, these blocks now: "
         f"{sorted(k[:8] for k in printed)}); {again}"
     )
     import torch
 
-    # The outputs are recorded on a CPU; where CUDA runs the blocks, values (and words that depend on
-    # them) may differ: there only the set of printing blocks is compared.
+    # The outputs are recorded on a CPU; where CUDA runs the blocks, values (and words that depend
+    # on them) may differ: there only the set of printing blocks is compared.
     for sha1, now in printed.items() if not torch.cuda.is_available() else ():
         # Timings and losses differ from machine to machine, and a profiler's rows swap places:
         # the first line, numbers masked, says whether it is the same output.

@@ -1,5 +1,5 @@
-"""Reading aids in the built HTML: the version, "Run first" and "needs CUDA" notes next to the blocks
-they describe, recorded output under printing blocks, the notebook button, 2x figures."""
+"""Reading aids in the built HTML: the version, "Run first" and "needs CUDA" notes next to the
+blocks they describe, recorded output under printing blocks, the notebook button, 2x figures."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def test_the_site_shows_the_package_version(built_site: Path) -> None:
     html = (built_site / "index.html").read_text()
     assert f"trainopt {trainopt.__version__}" in html
     assert re.search(
-        rf"documents <code[^>]*><span class=\"pre\">trainopt</span></code> {re.escape(trainopt.__version__)}",
+        r"documents <code[^>]*><span class=\"pre\">trainopt</span></code> "
+        rf"{re.escape(trainopt.__version__)}",
         html,
     )
 
@@ -43,7 +44,8 @@ def test_each_marked_block_shows_what_to_run_first(built_site: Path) -> None:
         # the note sits right above its block; a "needs CUDA" note may come between
         # (inside a dropdown, sphinx-design adds its own class to the paragraph)
         shown = re.findall(
-            r'<p class="trainopt-block-note trainopt-needs(?![-\w])[^"]*"><span[^>]*>Run first</span> (.*?)</p>\s*'
+            r'<p class="trainopt-block-note trainopt-needs(?![-\w])[^"]*">'
+            r"<span[^>]*>Run first</span> (.*?)</p>\s*"
             r'(?:<p class="trainopt-block-note trainopt-(?:needs-cuda|skips)[^"]*">.*?</p>\s*)?'
             r'<div class="[^"]*highlight-python',
             _html(built_site, page),
@@ -56,8 +58,10 @@ def test_each_gpu_only_block_carries_a_needs_cuda_badge(built_site: Path) -> Non
     for page in PAGES:
         gpu = [b for b in blocks(page) if b.skipped_by and re.search(r"cuda", b.skipped_by, re.I)]
         badges = re.findall(
-            r'<p class="trainopt-block-note trainopt-needs-cuda[^"]*"><span[^>]*>needs CUDA</span>[^<]*</p>'
-            r'\s*(?:<p class="trainopt-block-note[^"]*">.*?</p>\s*)*<div class="[^"]*highlight-python',
+            r'<p class="trainopt-block-note trainopt-needs-cuda[^"]*">'
+            r"<span[^>]*>needs CUDA</span>[^<]*</p>"
+            r'\s*(?:<p class="trainopt-block-note[^"]*">.*?</p>\s*)*'
+            r'<div class="[^"]*highlight-python',
             _html(built_site, page),
         )
         assert len(badges) == len(gpu), (
@@ -88,7 +92,8 @@ def test_recorded_output_is_shown_under_the_block_that_printed_it(built_site: Pa
         for sha1, output in json.loads(path.read_text()).items():
             block = by_sha.get(sha1)
             assert block is not None and "print(" in block.body, (
-                f"{page.relative_to(DOCS)}: an output recorded for a block no longer on the page (code hash {sha1[:8]})"
+                f"{page.relative_to(DOCS)}: an output recorded for a block no longer on the page "
+                f"(code hash {sha1[:8]})"
             )
             assert output["stdout"].strip() in [o.strip() for o in outputs], (
                 page.relative_to(DOCS),

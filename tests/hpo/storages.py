@@ -15,7 +15,8 @@ POSTGRES_URL = os.environ.get("TRAINOPT_POSTGRES_URL", "")
 
 
 def storage_urls(stem: str):
-    """A fixture giving a URL of each kind; its PostgreSQL studies (named ``<stem>-...``) are deleted after."""
+    """A fixture giving a URL of each kind; its PostgreSQL studies (named ``<stem>-...``) are
+    deleted after."""
 
     @pytest.fixture(params=["sqlite", "journal", "postgresql"])
     def url(request: pytest.FixtureRequest, tmp_path: Path):

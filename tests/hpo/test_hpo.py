@@ -1,4 +1,5 @@
-"""trainopt.hpo: search spaces, samplers and pruners, the exact budget, the reporter, plots, the CLI."""
+"""trainopt.hpo: search spaces, samplers and pruners, the exact budget, the reporter, plots, the
+CLI."""
 
 from __future__ import annotations
 
@@ -202,7 +203,8 @@ def test_params_at_edge_flags_low_and_high_in_log_space() -> None:
 
 @pytest.fixture
 def one_thread():
-    """A tiny model on a busy machine: intra-op threads only contend (60x slower seen on 2 cores)."""
+    """A tiny model on a busy machine: intra-op threads only contend (60x slower seen on 2
+    cores)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

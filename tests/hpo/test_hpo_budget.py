@@ -1,4 +1,5 @@
-"""The exact budget in one process: a dead worker's trial runs again, counts once, and never stops a live worker."""
+"""The exact budget in one process: a dead worker's trial runs again, counts once, and never stops a
+live worker."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def test_a_top_up_counts_a_trial_run_again_once(tmp_path: Path, time_zone: str, 
     assert len(study.trials) == 6
     assert [t.number for t in budget_trials(study)] == [n for n in range(6) if n != lost]
     assert best_trials_text(study).startswith(
-        "study topup: 5 trials, 5 complete, 0 pruned, 0 fail; 1 more failed when their worker died, and ran again"
+        "study topup: 5 trials, 5 complete, 0 pruned, 0 fail; "
+        "1 more failed when their worker died, and ran again"
     )
 
 

@@ -1,4 +1,5 @@
-"""Claims that can't hang, repeat or overrun, in one process: stale trials, seeds, the grid, the cost of a claim.
+"""Claims that can't hang, repeat or overrun, in one process: stale trials, seeds, the grid, the
+cost of a claim.
 
 Issue 22: a trial that never beat is stale 2x the heartbeat after its start (and not at 1.5x), on
 SQLite, the journal file and PostgreSQL (``TRAINOPT_POSTGRES_URL``), in UTC and in Tokyo, with the
@@ -44,7 +45,8 @@ def _name() -> str:
 
 
 def _state(url: str, name: str, number: int, heartbeat: int = BEAT) -> TrialState:
-    """The trial's state after a fresh worker's look for stale trials (a new storage: no look skipped)."""
+    """The trial's state after a fresh worker's look for stale trials (a new storage: no look
+    skipped)."""
     study = optuna.load_study(study_name=name, storage=open_storage(url, heartbeat=heartbeat))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -117,8 +119,8 @@ def test_a_trial_silent_after_its_last_beat_is_stale_past_twice_the_heartbeat(
 def test_a_plain_ask_on_the_shared_study_holds_no_slot_forever(
     url: str, time_zone: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """``optuna.load_study(...).ask()`` with a plain storage takes a trial and never tells it: a fresh
-    worker waits for it (naming it), fails it once it is stale, and finishes the budget."""
+    """``optuna.load_study(...).ask()`` with a plain storage takes a trial and never tells it: a
+    fresh worker waits for it (naming it), fails it once it is stale, and finishes the budget."""
     name = _name()
     create_study(name, 3, url, sampler="random", pruner=None, heartbeat=1)
     plain = (
@@ -198,7 +200,8 @@ def test_a_second_tune_draws_new_points_and_the_same_as_one_run(tmp_path: Path) 
 def test_a_worker_whose_trial_was_failed_while_it_reported_goes_on(
     kind: str, tmp_path: Path
 ) -> None:
-    """The objective itself fails (its report is refused) once another worker failed the trial as stale."""
+    """The objective itself fails (its report is refused) once another worker failed the trial as
+    stale."""
     url = f"sqlite:///{tmp_path / 's.db'}" if kind == "sqlite" else f"journal:{tmp_path / 's.log'}"
     study = create_study("paused", 3, url, sampler="random", pruner=None)
     other = storage_of(optuna.load_study(study_name="paused", storage=open_storage(url)))
@@ -228,7 +231,8 @@ def test_the_grid_caps_the_budget_at_its_size(caplog: pytest.LogCaptureFixture) 
 
 
 def test_a_claim_costs_the_same_whatever_the_budget(tmp_path: Path) -> None:
-    """A claim reads no trial left to run: 5 trials cost the same statements at a budget of 5 or 100,000."""
+    """A claim reads no trial left to run: 5 trials cost the same statements at a budget of 5 or
+    100,000."""
 
     def statements(budget: int) -> collections.Counter:
         storage = open_storage(f"sqlite:///{tmp_path / f'{budget}.db'}")

@@ -1,4 +1,5 @@
-"""``python -m trainopt.hpo``: the config names your own objective, and every mistake is one line."""
+"""``python -m trainopt.hpo``: the config names your own objective, and every mistake is one
+line."""
 
 from __future__ import annotations
 
@@ -21,13 +22,15 @@ SPACE = "search_space:\n  lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true
 
 MY_TRAIN = '''
 def objective(trial, params):
-    """A stand-in for a training run: the loss is lowest at x = target, and a second value to maximize."""
+    """A stand-in for a training run: the loss is lowest at x = target, and a second value to
+    maximize."""
     return (params["x"] - params["target"]) ** 2, params["x"]
 '''
 
 
 def _error(tmp_path: Path, argv: list[str]) -> str:
-    """What ``python -m trainopt.hpo ARGV`` prints on stderr, after checking it failed with status 2."""
+    """What ``python -m trainopt.hpo ARGV`` prints on stderr, after checking it failed with
+    status 2."""
     stderr = io.StringIO()
     assert (
         run_command(main, [*argv, "--storage", f"sqlite:///{tmp_path / 'never.db'}"], stderr=stderr)
@@ -221,7 +224,8 @@ def test_the_command_prints_no_traceback(tmp_path: Path, text: str | None, name:
 
 @pytest.fixture(autouse=True)
 def _forget_the_module() -> Iterator[None]:
-    """The page imports its own ``my_train`` in the same test process: leave no module of this name behind."""
+    """The page imports its own ``my_train`` in the same test process: leave no module of this name
+    behind."""
     yield
     sys.modules.pop("my_quadratic", None)
 
@@ -309,7 +313,8 @@ def test_the_command_tunes_your_objective_from_the_folder_it_runs_in(tmp_path: P
 
 
 def test_no_hpo_module_summary_holds_a_double_dash() -> None:
-    """The API reference shows each module's first paragraph as plain text, where `--` becomes an en-dash."""
+    """The API reference shows each module's first paragraph as plain text, where `--` becomes an
+    en-dash."""
     import importlib
     import inspect
     import pkgutil

@@ -1,4 +1,5 @@
-"""``python -m trainopt.hpo``: every mistake is one line, exit status 2, found before anything is created.
+"""``python -m trainopt.hpo``: every mistake is one line, exit status 2, found before anything is
+created.
 
 Issue 22, requirements 5 and 8. Each option of the parser has bad values below; an option added
 without one fails :func:`test_every_option_has_a_bad_value`. Each case runs in an empty folder
@@ -237,7 +238,8 @@ def _trials(folder: Path, name: str) -> list[tuple[int, str]]:
 def test_a_config_whose_directions_differ_from_the_stored_study_runs_nothing(
     folder: Path, worker: bool
 ) -> None:
-    """A maximizing config against a minimize study of the same name (the issue's 0.105-accuracy "best")."""
+    """A maximizing config against a minimize study of the same name (the issue's 0.105-accuracy
+    "best")."""
     assert (
         run_command(main, ["tune.yaml", "--n-trials", "2", "--create-only", "--study-name", "same"])
         == 0

@@ -57,7 +57,8 @@ SLOW_CONFIG = {
 
 
 def _env(**extra: str) -> dict[str, str]:
-    """This interpreter first on PATH and trainopt importable; no scheduler variables of the host."""
+    """This interpreter first on PATH and trainopt importable; no scheduler variables of the
+    host."""
     env = {
         k: v
         for k, v in os.environ.items()

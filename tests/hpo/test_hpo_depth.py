@@ -1,4 +1,5 @@
-"""Isolation plots, the constant liar of parallel TPE, and the rungs of successive halving and Hyperband."""
+"""Isolation plots, the constant liar of parallel TPE, and the rungs of successive halving and
+Hyperband."""
 
 from __future__ import annotations
 

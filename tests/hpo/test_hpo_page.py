@@ -1,4 +1,5 @@
-"""The hyperparameter-optimization page: its console blocks run (or parse), its YAML is the real config."""
+"""The hyperparameter-optimization page: its console blocks run (or parse), its YAML is the real
+config."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ PAGE = ROOT / "docs" / "guides" / "training-optimization" / "hyperparameter-opti
 
 
 def console_blocks() -> list[list[str]]:
-    """The commands (``$ `` lines, prompt removed, continued lines joined) of each console block of the page."""
+    """The commands (``$ `` lines, prompt removed, continued lines joined) of each console block of
+    the page."""
     blocks = re.findall(r"^```console\n(.*?)^```", PAGE.read_text(), flags=re.M | re.S)
     # a line ending in a backslash goes on in the next one, as in the shell
     joined = [re.sub(r"\\\n\s*", "", block) for block in blocks]
@@ -95,7 +97,8 @@ def test_many_machines_recipe_parses_with_a_postgresql_url() -> None:
 
 
 def test_own_objective_recipe_runs_in_the_folder_of_the_module(tmp_path: Path) -> None:
-    """The page writes ``my_train.py`` and ``my_tuning.yaml``; its command tunes them from their folder."""
+    """The page writes ``my_train.py`` and ``my_tuning.yaml``; its command tunes them from their
+    folder."""
     text = PAGE.read_text()
     written = r'\(project / "([\w.]+)"\)\.write_text\(\s*textwrap\.dedent\("""(.*?)"""\)\s*\)'
     files = dict(re.findall(written, text, flags=re.S))

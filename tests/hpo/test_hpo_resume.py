@@ -1,4 +1,5 @@
-"""Workers in separate processes: killed before their first heartbeat, started all at once, resumed, interrupted.
+"""Workers in separate processes: killed before their first heartbeat, started all at once, resumed,
+interrupted.
 
 Issue 22 on SQLite, the journal file and PostgreSQL (``TRAINOPT_POSTGRES_URL``): a worker
 SIGKILLed between its claim and its first heartbeat holds no slot forever; 4 processes that each
@@ -129,9 +130,12 @@ def test_a_worker_killed_between_its_claim_and_its_first_heartbeat_holds_no_slot
         "import os, signal, optuna\n"
         "import optuna.storages._heartbeat as beats\n"
         "from trainopt.hpo import SearchSpace, open_storage, run_worker\n"
-        "beats.HeartbeatThread.start = lambda self: os.kill(os.getpid(), signal.SIGKILL)  # claimed, not beaten\n"
-        f"study = optuna.load_study(study_name={name!r}, storage=open_storage({url!r}, heartbeat=1))\n"
-        "run_worker(study, SearchSpace.from_dict({'x': {'type': 'float', 'low': 0.0, 'high': 1.0}}),\n"
+        "beats.HeartbeatThread.start = lambda self: os.kill(os.getpid(), signal.SIGKILL)"
+        "  # claimed, not beaten\n"
+        f"study = optuna.load_study(study_name={name!r}, "
+        f"storage=open_storage({url!r}, heartbeat=1))\n"
+        "run_worker(study, "
+        "SearchSpace.from_dict({'x': {'type': 'float', 'low': 0.0, 'high': 1.0}}),\n"
         "           lambda trial, params: params['x'])\n"
     )
     killed = subprocess.run(

@@ -1,4 +1,5 @@
-"""Many workers on one study: separate processes share a storage, run exactly the budget, survive a dead worker.
+"""Many workers on one study: separate processes share a storage, run exactly the budget, survive a
+dead worker.
 
 Each test creates a study, then starts ``python -m trainopt.hpo CONFIG`` worker processes on the
 same storage URL: SQLite, a journal file, and PostgreSQL where ``TRAINOPT_POSTGRES_URL`` names a
@@ -33,7 +34,8 @@ STARTUP = inspect.signature(make_pruner).parameters["n_startup_trials"].default
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 OBJECTIVE = '''
-"""The workers' objective: later trials are worse, so each trial after the pruner's startup is pruned."""
+"""The workers' objective: later trials are worse, so each trial after the pruner's startup is
+pruned."""
 import os
 import time
 from pathlib import Path
@@ -69,7 +71,8 @@ def meet_the_other_workers():
     met = True
     Path(folder, str(os.getpid())).touch()
     deadline = time.monotonic() + 120
-    while len(os.listdir(folder)) < int(os.environ["TUNING_TEST_WORKERS"]) and time.monotonic() < deadline:
+    workers = int(os.environ["TUNING_TEST_WORKERS"])
+    while len(os.listdir(folder)) < workers and time.monotonic() < deadline:
         time.sleep(0.05)
 '''
 
@@ -92,7 +95,8 @@ CONFIG = {
 
 @pytest.fixture(params=["sqlite", "journal", "postgresql"])
 def storage(request: pytest.FixtureRequest, tmp_path: Path):
-    """A storage URL of each kind, and the study names a test used (deleted from PostgreSQL after it)."""
+    """A storage URL of each kind, and the study names a test used (deleted from PostgreSQL after
+    it)."""
     names: list[str] = []
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'study.db'}", names
@@ -171,7 +175,8 @@ def _wait(workers: list[subprocess.Popen]) -> None:
 
 
 def _check_the_budget(study: optuna.Study, n_trials: int) -> None:
-    """Exactly ``n_trials`` trials fill the budget, each complete or pruned; nothing is left to run."""
+    """Exactly ``n_trials`` trials fill the budget, each complete or pruned; nothing is left to
+    run."""
     budget = budget_trials(study)
     assert len(budget) == n_trials and all(t.state in FINISHED for t in budget), [
         t.state for t in budget
@@ -250,13 +255,15 @@ def test_a_killed_workers_trial_fails_and_its_slot_runs_again(storage, tmp_path:
         for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
     }
     print(
-        f"SIGKILL on {url.split(':')[0]}: {len(trials)} trials, {counts}, killed #{held.number}, retried as "
+        f"SIGKILL on {url.split(':')[0]}: {len(trials)} trials, {counts}, "
+        f"killed #{held.number}, retried as "
         f"#{retries[0].number}"
     )
 
 
 def test_four_workers_on_a_plain_sqlite_url_are_refused(tmp_path: Path) -> None:
-    """``optuna.load_study(storage="sqlite:///...")`` can't claim atomically; the same URL through open_storage can."""
+    """``optuna.load_study(storage="sqlite:///...")`` can't claim atomically; the same URL through
+    open_storage can."""
     folder = _folder(tmp_path)
     url = f"sqlite:///{folder / 'plain.db'}"
     create_study("plain", 8, url, sampler="random", pruner=None)
@@ -266,7 +273,8 @@ def test_four_workers_on_a_plain_sqlite_url_are_refused(tmp_path: Path) -> None:
         "from tuning_objective import objective\n"
         "space = SearchSpace.from_dict({'x': {'type': 'float', 'low': 0.0, 'high': 1.0}})\n"
         "try:\n"
-        f"    run_worker(optuna.load_study(study_name='plain', storage={url!r}), space, objective)\n"
+        f"    run_worker(optuna.load_study(study_name='plain', storage={url!r}), "
+        "space, objective)\n"
         "except ValueError as error:\n"
         "    print('refused:', error)\n"
         f"study = optuna.load_study(study_name='plain', storage=open_storage({url!r}))\n"

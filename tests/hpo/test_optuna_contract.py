@@ -1,4 +1,5 @@
-"""What trainopt.hpo relies on in Optuna beyond its public API: each test fails if Optuna changes under it.
+"""What trainopt.hpo relies on in Optuna beyond its public API: each test fails if Optuna changes
+under it.
 
 trainopt.hpo.storage depends on four things Optuna doesn't promise (each isolated there, with a
 comment that says why):

@@ -1,4 +1,5 @@
-"""trainopt.perf.compilation: graph breaks, compilations, regional compilation, the compile benchmark."""
+"""trainopt.perf.compilation: graph breaks, compilations, regional compilation, the compile
+benchmark."""
 
 from __future__ import annotations
 

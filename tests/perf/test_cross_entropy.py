@@ -65,10 +65,13 @@ def test_chunked_equals_plain_with_bf16_inputs_and_leading_dims(chunk_size):
     weight = torch.randn(40, 16, generator=generator).bfloat16()
     targets = torch.randint(0, 40, (3, 7), generator=generator)
     targets[1, 2:5] = 3  # a custom ignore_index below
-    plain = lambda h, w, t: F.cross_entropy(
-        (h @ w.T).float().flatten(0, 1), t.flatten(), ignore_index=3
-    )  # noqa: E731
-    chunked = lambda h, w, t: chunked_linear_cross_entropy(h, w, t, chunk_size, ignore_index=3)  # noqa: E731
+
+    def plain(h, w, t):
+        return F.cross_entropy((h @ w.T).float().flatten(0, 1), t.flatten(), ignore_index=3)
+
+    def chunked(h, w, t):
+        return chunked_linear_cross_entropy(h, w, t, chunk_size, ignore_index=3)
+
     expected = _loss_and_grads(plain, hidden, weight, targets)
     actual = _loss_and_grads(chunked, hidden, weight, targets)
     torch.testing.assert_close(

@@ -173,7 +173,8 @@ def test_estimate_static_part_is_bytes_per_parameter_times_parameters():
     n = model.num_parameters()
     est = estimate_training_memory(model, "bf16", "adamw", batch_size=2, seq_len=16)
     assert (est.weights, est.gradients, est.optimizer_states) == (4 * n, 4 * n, 8 * n)
-    # weights, AdamW's two moments, gradients, the foreach sqrt copy of one moment, int64 ids and targets
+    # weights, AdamW's two moments, gradients, the foreach sqrt copy of one moment, int64 ids and
+    # targets
     assert est.phases["optimizer step"] == 4 * n + 8 * n + 4 * n + 4 * n + 16 * 2 * 16
     fused = estimate_training_memory(
         model, "bf16", "adamw", batch_size=2, seq_len=16, implementation="fused"
@@ -193,7 +194,8 @@ def test_peak_is_the_largest_phase_plus_the_workspace_on_cuda_only():
     cuda = estimate_training_memory(model, "bf16", batch_size=1, seq_len=128, device="cuda")
     assert cpu.peak == max(cpu.phases.values()) and cpu.workspace == 0
     assert cuda.peak == cpu.peak + CUDA_WORKSPACE_BYTES
-    # at one sequence of 128 tokens, AdamW's step (20 bytes a parameter) is the peak, not the backward pass
+    # at one sequence of 128 tokens, AdamW's step (20 bytes a parameter) is the peak, not the
+    # backward pass
     assert cpu.peak_phase == "optimizer step" and cpu.peak >= 20 * model.num_parameters()
 
 

@@ -1,4 +1,5 @@
-"""Tests of trainopt.perf.rounding: stochastic rounding to bf16 is unbiased and exact where it can be."""
+"""Tests of trainopt.perf.rounding: stochastic rounding to bf16 is unbiased and exact where it can
+be."""
 
 from __future__ import annotations
 

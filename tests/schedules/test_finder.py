@@ -1,4 +1,5 @@
-"""Tests of trainopt.schedules.finder: a real range test that leaves the model and optimizer untouched."""
+"""Tests of trainopt.schedules.finder: a real range test that leaves the model and optimizer
+untouched."""
 
 from __future__ import annotations
 

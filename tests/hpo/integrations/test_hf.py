@@ -1,4 +1,5 @@
-"""Tuning a Hugging Face Trainer run: the page's config loads and builds, its commands keep an exact budget over 2 workers."""
+"""Tuning a Hugging Face Trainer run: the page's config loads and builds, its commands keep an exact
+budget over 2 workers."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ CONFIG = "../../../src/trainopt/data/hpo_trainer.yaml"
 
 
 def console_blocks() -> list[list[str]]:
-    """The commands (``$ `` lines, prompt removed, continued lines joined) of each console block of the page."""
+    """The commands (``$ `` lines, prompt removed, continued lines joined) of each console block of
+    the page."""
     blocks = re.findall(r"^```console\n(.*?)^```", PAGE.read_text(), flags=re.M | re.S)
     joined = [re.sub(r"\\\n\s*", "", block) for block in blocks]
     return [[line[2:] for line in block.splitlines() if line.startswith("$ ")] for block in joined]

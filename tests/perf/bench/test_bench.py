@@ -1,4 +1,5 @@
-"""The benchmark harness (trainopt.perf.bench): configurations, the timer, measuring, running a matrix."""
+"""The benchmark harness (trainopt.perf.bench): configurations, the timer, measuring, running a
+matrix."""
 
 from __future__ import annotations
 

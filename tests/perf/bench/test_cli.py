@@ -1,4 +1,5 @@
-"""The one command line of the benchmarks: ``python -m trainopt.perf.bench {matrix,recipe,stability,experiments,all}``."""
+"""The one command line of the benchmarks:
+``python -m trainopt.perf.bench {matrix,recipe,stability,experiments,all}``."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def one_line_error(argv: list[str]) -> str:
-    """Run ``main(argv)`` as the command does; require status 2 and one line on stderr; return it."""
+    """Run ``main(argv)`` as the command does; require status 2 and one line on stderr; return
+    it."""
     err = io.StringIO()
     assert run_command(main, argv, stderr=err) == 2
     lines = err.getvalue().splitlines()

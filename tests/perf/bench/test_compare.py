@@ -17,7 +17,8 @@ from trainopt.perf.bench.results import new_results, write_results
 
 
 def exact_bootstrap_quantile(a: list[float], b: list[float], level: float) -> float:
-    """The ``level`` quantile of median(a*)/median(b*) over every resample, enumerated (no sampling)."""
+    """The ``level`` quantile of median(a*)/median(b*) over every resample, enumerated (no
+    sampling)."""
     medians_a = [statistics.median(r) for r in itertools.product(a, repeat=len(a))]
     medians_b = [statistics.median(r) for r in itertools.product(b, repeat=len(b))]
     ratios = sorted(x / y for x in medians_a for y in medians_b)  # every pair equally likely

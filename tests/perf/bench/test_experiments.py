@@ -1,4 +1,5 @@
-"""The measurements behind the precision, memory, profiling and monitoring pages (trainopt.perf.bench.experiments)."""
+"""The measurements behind the precision, memory, profiling and monitoring pages
+(trainopt.perf.bench.experiments)."""
 
 from __future__ import annotations
 
@@ -104,7 +105,8 @@ def test_checkpointing_rows_against_the_same_baseline_by_hand(results: dict[str,
         assert row["memory_change"] == pytest.approx(
             row["peak_memory_bytes"] / base["peak_memory_bytes"] - 1
         )
-    # at 2 × 16 tokens the gradients, not the activations, set the peak: checkpointing can only keep it
+    # at 2 × 16 tokens the gradients, not the activations, set the peak: checkpointing can only
+    # keep it
     assert (
         rows["every block"]["peak_memory_bytes"]
         <= rows["every 2nd block"]["peak_memory_bytes"]

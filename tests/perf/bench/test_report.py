@@ -256,7 +256,8 @@ def test_chart_has_one_bar_per_measured_configuration(
 
 
 def page_renders(page: Path) -> list[tuple[str, str, dict[str, Any]]]:
-    """``(function, data path, kwargs)`` of every ``trainopt-render`` block of a page that shows benchmark results."""
+    """``(function, data path, kwargs)`` of every ``trainopt-render`` block of a page that shows
+    benchmark results."""
     found = re.findall(r"```\{trainopt-render\} (\S+)\n((?::\w+: .*\n)*)```", page.read_text())
     renders = []
     for dotted, options in found:

@@ -35,7 +35,7 @@ def test_micro_batch_losses_add_up_to_the_mean_over_every_counted_token(
     targets[torch.arange(6) >= torch.tensor(lengths)[:, None]] = IGNORE_INDEX
     chunks = list(zip(logits.chunk(micro_batches), targets.chunk(micro_batches)))
     tokens = global_token_count([t for _, t in chunks])
-    total = sum(token_normalized_loss(l, t, tokens) for l, t in chunks)
+    total = sum(token_normalized_loss(logit, t, tokens) for logit, t in chunks)
     assert int(tokens) == sum(lengths)
     if sum(lengths) == 0:
         assert total == 0  # nothing counted: no gradient, not a NaN

@@ -1,1 +1,2 @@
-"""The concepts page's workshop (``concepts/optimization.md``): its demonstrations, figures and sweeps."""
+"""The concepts page's workshop (``concepts/optimization.md``): its demonstrations, figures and
+sweeps."""

@@ -41,7 +41,8 @@ LRS = (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2)
 
 
 def sweep_text() -> torch.Tensor:
-    """The sweep's data: :func:`~trainopt_site.stability.corpus_runs.generated_text` as character ids.
+    """The sweep's data: :func:`~trainopt_site.stability.corpus_runs.generated_text` as character
+    ids.
 
     Example:
         >>> from trainopt_site.concepts.mup_sweep import sweep_text
@@ -65,7 +66,8 @@ def final_loss(
     seed: int = 0,
     tail: int = 25,
 ) -> float:
-    """Train the GPT (2 layers, 4 heads, ``n_embd=width``) on :func:`sweep_text`; the final train loss.
+    """Train the GPT (2 layers, 4 heads, ``n_embd=width``) on :func:`sweep_text`; the final train
+    loss.
 
     AdamW (no weight decay), ``lr`` warmed up over the first 10 % of ``steps`` and cosine-decayed
     to zero; the same seed gives every run the same initial draws and the same batches. Returns the
@@ -164,7 +166,8 @@ def best_lrs(results: dict[str, Any]) -> dict[str, dict[int, float]]:
 
     Example:
         >>> from trainopt_site.concepts.mup_sweep import best_lrs
-        >>> runs = [dict(param="SP", width=32, lr=lr, loss=loss) for lr, loss in [(0.01, 2.0), (0.1, 1.5)]]
+        >>> runs = [dict(param="SP", width=32, lr=lr, loss=loss)
+        ...         for lr, loss in [(0.01, 2.0), (0.1, 1.5)]]
         >>> best_lrs({"runs": runs})
         {'SP': {32: 0.1}}
     """
@@ -185,7 +188,8 @@ def _read(path: str | Path) -> dict[str, Any]:
 
 
 def mup_sweep_figure(path: str | Path) -> Any:
-    """Final loss against learning rate, one line per width: standard parametrization left, μP right.
+    """Final loss against learning rate, one line per width: standard parametrization left, μP
+    right.
 
     The best learning rate of each width is ringed.
 

@@ -65,7 +65,8 @@ def runs_figure(
     runs_dir: str | Path | None = None,
     faults: tuple[str, ...] = ("healthy", "diverging", "oscillating"),
 ) -> Any:
-    """Loss (top) and gradient norm (bottom) of up to three recorded runs, one column each (log scales where they span decades).
+    """Loss (top) and gradient norm (bottom) of up to three recorded runs, one column each (log
+    scales where they span decades).
 
     Example:
         >>> from trainopt_site.diagnostics.plots import runs_figure
@@ -123,7 +124,8 @@ TEXT_COLUMNS = 88
 def blow_up_diagnosis(
     cause: str = "lr_too_high", optimizer: str = "sgd", hidden: int = 128, seed: int = 0
 ) -> str:
-    """What :func:`diagnose` says of a fresh generated run, as a MyST ``text`` block (built with the page).
+    """What :func:`diagnose` says of a fresh generated run, as a MyST ``text`` block (built with the
+    page).
 
     Each finding prints as ``str(finding)`` does, its lines wrapped at :data:`TEXT_COLUMNS`.
 
@@ -153,7 +155,8 @@ def blow_up_diagnosis(
 def blow_up_figure(
     cause: str = "lr_too_high", optimizer: str = "sgd", hidden: int = 128, seed: int = 0
 ) -> Any:
-    """Loss and gradient norm of a fresh generated run, its first 40 steps and the whole run, with its findings.
+    """Loss and gradient norm of a fresh generated run, its first 40 steps and the whole run, with
+    its findings.
 
     The run is drawn in colour over the healthy run of the same model and seed (grey). The red line
     is the step of the first finding, grey dashed lines those of the findings tied to it; the

@@ -1,8 +1,8 @@
 """Record real training runs with injected faults, for the troubleshooting page and its tests.
 
 Each run trains :func:`trainopt.models.digits_mlp` on scikit-learn's digits and logs one JSON
-record per step in the schema :func:`trainopt.diagnostics.symptoms.diagnose` reads. One fault is injected
-per run; ``healthy`` injects none. The faults:
+record per step in the schema :func:`trainopt.diagnostics.symptoms.diagnose` reads. One fault is
+injected per run; ``healthy`` injects none. The faults:
 
 - ``healthy``: Adam, lr 2e-3: the reference run
 - ``diverging``: Adam whose learning rate ramps up to 100 times the healthy one
@@ -16,8 +16,8 @@ per run; ``healthy`` injects none. The faults:
 - ``slow_training``: from mid-run, batches jittered pixel by pixel in a Python loop
 - ``comm_overhead``: gradients all-reduced one small message at a time (a 1-process gloo group)
 
-Write them all with ``python -m trainopt_site.diagnostics.runs --out src/trainopt/data/runs`` (from a
-clone of the repository, in its development environment).
+Write them all with ``python -m trainopt_site.diagnostics.runs --out src/trainopt/data/runs``
+(from a clone of the repository, in its development environment).
 """
 
 from __future__ import annotations
@@ -127,11 +127,13 @@ def record_run(
     device: str = "cpu",
     memory_budget_mb: float = 256.0,
 ) -> list[dict[str, Any]]:
-    """Train the digits MLP for ``steps`` steps with one injected ``fault``; return the step records.
+    """Train the digits MLP for ``steps`` steps with one injected ``fault``; return the step
+    records.
 
     Each record holds ``step``, ``loss``, ``grad_norm`` (before clipping), ``lr``, ``step_time``
-    (seconds, data loading included: wall-clock on CUDA, process CPU time on a CPU, on one thread), ``tokens_per_s`` (samples per second here),
-    ``comm_time`` (seconds spent all-reducing gradients), and memory: on CUDA the allocator's
+    (seconds, data loading included: wall-clock on CUDA, process CPU time on a CPU, on one
+    thread), ``tokens_per_s`` (samples per second here), ``comm_time`` (seconds spent
+    all-reducing gradients), and memory: on CUDA the allocator's
     ``memory_allocated`` / ``memory_reserved`` and the device's total as ``max_memory``; on a
     CPU the process's resident memory as both, and ``max_memory`` = resident memory at the
     start + ``memory_budget_mb`` (a budget, like a container's limit).
@@ -236,7 +238,8 @@ def _train(
 
 
 def write_jsonl(records: list[dict[str, Any]], path: str | Path) -> Path:
-    """Write records as JSON Lines, floats to 7 significant digits (non-finite as ``NaN`` / ``Infinity``).
+    """Write records as JSON Lines, floats to 7 significant digits (non-finite as ``NaN`` /
+    ``Infinity``).
 
     Example:
         >>> from trainopt_site.diagnostics.runs import write_jsonl

@@ -271,7 +271,8 @@ def _char_lm(
 
 
 class DigitsVAE(torch.nn.Module):
-    """A VAE on the 64 pixels of a digit in [0, 1]: ``forward`` gives (reconstruction, KL) per image."""
+    """A VAE on the 64 pixels of a digit in [0, 1]: ``forward`` gives (reconstruction, KL) per
+    image."""
 
     def __init__(self, latent: int = 8, hidden: int = 128) -> None:
         super().__init__()
@@ -294,7 +295,8 @@ class DigitsVAE(torch.nn.Module):
 def _vae(
     batch_size: int, seed: int, start: int = 100, warmup: int = 400, beta: float = 1.0
 ) -> Task:
-    """The digits VAE; its targets are the KL weight of the step, 0 warming up to 1 over ``warmup``."""
+    """The digits VAE; its targets are the KL weight of the step, 0 warming up to 1 over
+    ``warmup``."""
     digits = _digits(batch_size, seed)
     mean, std = digits.inputs_scale
     x_val = (digits_data(seed=0)[2] * std + mean) / 16  # the raw pixels, 0 to 16, in [0, 1]

@@ -1,4 +1,5 @@
-"""The stability page's classifier tables, from what ``python -m trainopt_site.stability.corpus`` wrote.
+"""The stability page's classifier tables, from what ``python -m trainopt_site.stability.corpus``
+wrote.
 
 Healthy runs by family (runs, rolled back, the most steps skipped in a run, aborted) and faulty
 runs by fault and onset step (runs, caught, missed), with the false-positive and miss rates.
@@ -125,12 +126,13 @@ def classifier(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(source: str | Path) -> str:
-    """The page's classifier tables of a results file from ``python -m trainopt_site.stability.corpus``.
+    """The page's classifier tables of a results file from
+    ``python -m trainopt_site.stability.corpus``.
 
     Example:
         >>> from trainopt_site.stability.corpus_table import render
-        >>> print(render("no-such-file.json"))
-        *No results yet: `python -m trainopt_site.stability.corpus --out no-such-file.json` writes them.*
+        >>> print(render("none.json"))
+        *No results yet: `python -m trainopt_site.stability.corpus --out none.json` writes them.*
     """
     source = Path(source)
     if not source.exists():

@@ -200,7 +200,8 @@ def run_fault_injection(
         if name == "diverged_weights":
             after = faulty["recoveries"][seen.get("recoveries_before", 0) :]
             observed = (
-                f"rolled back to step {after[0]['restored_step']}, learning rate × {after[0]['lr_scale']:g}"
+                f"rolled back to step {after[0]['restored_step']}, "
+                f"learning rate × {after[0]['lr_scale']:g}"
                 if after
                 else "not rolled back"
             )
@@ -274,7 +275,8 @@ def fault_injection_table(path: str | Path) -> str:
     clean, faulty = result["clean"], result["faulty"]
     lines += [
         "",
-        f"Final validation loss: clean run {clean['val_loss']:.4f} (accuracy {clean['val_accuracy']:.1%}), "
+        f"Final validation loss: clean run {clean['val_loss']:.4f} "
+        f"(accuracy {clean['val_accuracy']:.1%}), "
         f"faulty run {faulty['val_loss']:.4f} (accuracy {faulty['val_accuracy']:.1%}): a gap of "
         f"{result['final_loss_gap']:+.1%}. Weights and optimizer state finite at the end: "
         f"{'yes' if faulty['finite'] else '**no**'}. Steps skipped: {faulty['skipped_steps']}; "
@@ -357,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         >>> import contextlib, io
         >>> out = Path(tempfile.mkdtemp()) / "faults.json"
         >>> with contextlib.redirect_stdout(io.StringIO()) as printed:
-        ...     code = main(["--out", str(out), "--steps", "20"])  # ends before the first fault (call 40)
+        ...     # ends before the first fault (call 40)
+        ...     code = main(["--out", str(out), "--steps", "20"])
         >>> code, [row["survived"] for row in json.loads(out.read_text())["rows"]]
         (1, [False, False, False, False, False])
         >>> print(printed.getvalue().splitlines()[2])

@@ -1,4 +1,5 @@
-"""The multi-process check of the stability page: ranks that each see their own trouble decide alike.
+"""The multi-process check of the stability page: ranks that each see their own trouble decide
+alike.
 
 :func:`rank_agreement_check` runs on every rank of a process group (start it with
 ``trainopt.perf.distributed.launch(rank_agreement_check, 2, folder)`` or under ``torchrun``). It
@@ -102,7 +103,8 @@ def rank_agreement_check(folder: str | None = None, calls: int = 70) -> dict[str
 
     Example:
         >>> from trainopt_site.stability.rank_agreement import LOSS_SPIKES, NAN_LOSSES
-        >>> sorted(set(LOSS_SPIKES.values()) | set(NAN_LOSSES.values()))  # each rank has its own trouble
+        >>> # each rank has its own trouble
+        >>> sorted(set(LOSS_SPIKES.values()) | set(NAN_LOSSES.values()))
         [0, 1]
     """
     folder = folder or tempfile.mkdtemp(prefix="trainopt-agreement-")

@@ -73,7 +73,8 @@ NUMBER_FORMATS: tuple[Callable[[Any], str], ...] = (
     lambda v: f"{v:.1f}",
     lambda v: f"{v:.2f}",
 )
-"""Every way the renderer prints a number (a test checks that every printed number is one of these)."""
+"""Every way the renderer prints a number (a test checks that every printed number is one of
+these)."""
 
 
 def _memory_unit(values: Sequence[float | None]) -> tuple[str, Callable[[float], str]]:
@@ -140,7 +141,8 @@ def _bench_results(results: Results) -> list[str]:
     lines = _table(header, rows)
     lines += [
         "",
-        f"Median over {settings['windows']} windows of {settings['steps_per_window']} steps, after a "
+        f"Median over {settings['windows']} windows of {settings['steps_per_window']} steps, "
+        "after a "
         f"warm-up of at least {settings['warmup_steps']} steps that ran until two windows agreed "
         "within 10%.",
     ]
@@ -163,9 +165,11 @@ def _bench_recipe(results: Results) -> list[str]:
     ratio = recipe["speedup"]
     verdict = "faster" if ratio >= 1 else "slower: the recipe does not pay off here"
     return [
-        f"**Speed-up {_ratio(ratio)}×** ({verdict}): {cand['name']} trains {_rate(cand['tokens_per_s'])} "
+        f"**Speed-up {_ratio(ratio)}×** ({verdict}): {cand['name']} trains "
+        f"{_rate(cand['tokens_per_s'])} "
         f"tokens/s ({_ms(cand['step_time_s']['median'])} ms per step) where {base['name']} trains "
-        f"{_rate(base['tokens_per_s'])} tokens/s ({_ms(base['step_time_s']['median'])} ms per step)."
+        f"{_rate(base['tokens_per_s'])} tokens/s "
+        f"({_ms(base['step_time_s']['median'])} ms per step)."
     ]
 
 
@@ -176,7 +180,8 @@ def _bench_goal(results: Results) -> list[str]:
     ]
     if results["meta"]["device"] != "cuda":
         return [
-            f"MFU against a tensor-core peak is a GPU measure: the goal ({_percent(goal['mfu'])} for the "
+            "MFU against a tensor-core peak is a GPU measure: the goal "
+            f"({_percent(goal['mfu'])} for the "
             f"{goal['size']} model) is checked on a GPU run only."
         ]
     if not candidates:
@@ -184,8 +189,10 @@ def _bench_goal(results: Results) -> list[str]:
     best = max(candidates, key=lambda r: r["tokens_per_s"])
     verdict = "meets" if best["mfu"] >= goal["mfu"] else "misses"
     return [
-        f"The fastest {goal['size']} configuration, {best['name']}, reaches **{_percent(best['mfu'])} MFU** "
-        f"({_rate(best['tokens_per_s'])} tokens/s): it **{verdict}** the goal of {_percent(goal['mfu'])}."
+        f"The fastest {goal['size']} configuration, {best['name']}, reaches "
+        f"**{_percent(best['mfu'])} MFU** "
+        f"({_rate(best['tokens_per_s'])} tokens/s): it **{verdict}** the goal of "
+        f"{_percent(goal['mfu'])}."
     ]
 
 
@@ -203,7 +210,8 @@ def _bench_profile(results: Results) -> list[str]:
     )
     lines = [
         f"Profile of {best['name']} over {prof['steps']} steps: {busy} adds up to "
-        f"{_ms(prof['busy_s_per_step'])} ms per step; the timed step took {_ms(best['step_time_s']['median'])} ms.",
+        f"{_ms(prof['busy_s_per_step'])} ms per step; the timed step took "
+        f"{_ms(best['step_time_s']['median'])} ms.",
         "",
     ]
     lines += _table(
@@ -270,16 +278,19 @@ def _stability_overhead(results: Results) -> list[str]:
         _table(header, rows)
         + [
             "",
-            f"{cfg['model']} ({cfg['parameters'] / 1e6:.1f}M parameters), batch {cfg['batch_size']} × "
+            f"{cfg['model']} ({cfg['parameters'] / 1e6:.1f}M parameters), "
+            f"batch {cfg['batch_size']} × "
             f"{cfg['seq_len']}, {cfg['dtype']}, {'compiled' if cfg['compile'] else 'eager'}, "
             f"{cfg['threads']} thread{'s' * (cfg['threads'] != 1)}; a {cfg['schedule']} on every "
             "optimizer. Bare and stabilized "
             f"alternate in {cfg['windows']} windows each of {cfg['steps_per_window']} steps "
             "(AB BA …); "
-            f"the ratio is the median of the paired window ratios, with a {_percent(level)} bootstrap "
+            "the ratio is the median of the paired window ratios, "
+            f"with a {_percent(level)} bootstrap "
             f"interval; stabilizer boundary every {cfg['check_every']} steps. Stabilized over bare "
             f"{verdict}.",
-            f"Host reads counted over {sync['steps']} steady-state steps of each ({sync['method']}): "
+            f"Host reads counted over {sync['steps']} steady-state steps of each "
+            f"({sync['method']}): "
             + (
                 "the stabilized step reads the host no more often than the bare one in every form"
                 if not more
@@ -298,8 +309,10 @@ def _stability_overhead(results: Results) -> list[str]:
 def _experiments_environment(results: Results) -> list[str]:
     model, meta = results["model"], results["meta"]
     return [
-        f"The reference GPT `{model['size']}` ({model['parameters'] / 1e6:.1f}M parameters, {model['n_layer']} "
-        f"layers, width {model['n_embd']}), batch {model['batch_size']} × {model['seq_len']} tokens, "
+        f"The reference GPT `{model['size']}` ({model['parameters'] / 1e6:.1f}M parameters, "
+        f"{model['n_layer']} "
+        f"layers, width {model['n_embd']}), "
+        f"batch {model['batch_size']} × {model['seq_len']} tokens, "
         f"{results['optimizer']}, on {hardware(meta)}. Command: `{meta['command']}`."
     ]
 
@@ -389,7 +402,8 @@ def _experiments_checkpointing(results: Results) -> list[str]:
             ]
         )
     return [
-        f"Precision: {section['precision']}. Goal: at least 30% lower peak memory for at most 20% more "
+        f"Precision: {section['precision']}. "
+        "Goal: at least 30% lower peak memory for at most 20% more "
         "step time.",
         "",
     ] + _table(
@@ -414,7 +428,10 @@ def _experiments_recommendation(results: Results) -> list[str]:
         return ["*No checkpointing policy ran, so no recommendation.*"]
 
     def describe(r: dict[str, Any]) -> str:
-        return f"**{r['policy']}** ({_change(r['memory_change'])} peak memory, {_change(r['time_change'])} step time)"
+        return (
+            f"**{r['policy']}** ({_change(r['memory_change'])} peak memory, "
+            f"{_change(r['time_change'])} step time)"
+        )
 
     meeting = [r for r in rows if r["meets_goal"]]
     if meeting:
@@ -499,7 +516,8 @@ def _scaling_efficiency(results: Results) -> list[str]:
     return _table(["processes", "ms per step (min–max over windows)", "tokens/s"], rows) + [
         "",
         f"Scaling efficiency with {n} processes: {_percent(eff['ratio'])} "
-        f"({_percent(eff['confidence'])} bootstrap interval {_percent(eff['low'])}–{_percent(eff['high'])}).",
+        f"({_percent(eff['confidence'])} bootstrap interval "
+        f"{_percent(eff['low'])}–{_percent(eff['high'])}).",
     ]
 
 
@@ -534,8 +552,10 @@ def _compile_speedup(results: Results) -> list[str]:
         body,
     ) + [
         "",
-        f"The {settings['size']} GPT, batch {settings['batch_size']} × {settings['seq_len']} tokens, backend "
-        f"`{settings['backend']}`; median over {settings['windows']} windows of {settings['steps_per_window']} "
+        f"The {settings['size']} GPT, batch {settings['batch_size']} × "
+        f"{settings['seq_len']} tokens, backend "
+        f"`{settings['backend']}`; median over {settings['windows']} windows of "
+        f"{settings['steps_per_window']} "
         "steps after a warm-up.",
     ]
 
@@ -606,7 +626,10 @@ def _missing(path: Path) -> str:
             f"docs/_data/{path.name}` writes them.*\n"
         )
     if path.stem.startswith("memory_estimate"):
-        return f"*No results in `{path.name}` yet: `python -m trainopt.perf.bench estimate --out docs/_data/{path.name}` writes them.*\n"
+        return (
+            f"*No results in `{path.name}` yet: `python -m trainopt.perf.bench estimate "
+            f"--out docs/_data/{path.name}` writes them.*\n"
+        )
     if path.stem.startswith("bench_scaling"):
         return (
             f"*No results in `{path.name}` yet: `python -m trainopt.perf.bench scaling "
@@ -636,8 +659,9 @@ def render(source: str | os.PathLike | Results, parts: Sequence[str] | None = No
         *No results in `bench_a100.json` yet: `python -m trainopt.perf.bench all --preset a100
         --out-dir docs/_data` on the machine it names writes them.*
         >>> from trainopt.perf.bench.stability import run
-        >>> text = render(run(size="tiny", device="cpu", steps_per_window=1, windows=1, warmup_steps=1,
-        ...                max_warmup_steps=2, seq_len=8, forms=["SGD default"], sync_steps=1))
+        >>> text = render(run(size="tiny", device="cpu", steps_per_window=1, windows=1,
+        ...                warmup_steps=1, max_warmup_steps=2, seq_len=8, forms=["SGD default"],
+        ...                sync_steps=1))
         >>> text.splitlines()[0].split(" | ")[:3]
         ['| optimizer form', 'bare (ms/step)', 'stabilized (ms/step)']
     """
@@ -676,5 +700,6 @@ def render_device_peaks() -> str:
         for device, peaks in PEAK_TFLOPS.items()
     ]
     return "\n".join(_table(["device", "fp32", "tf32", "bf16", "fp16"], rows)) + (
-        '\n\nDense TFLOP/s from NVIDIA\'s data sheets (the figures "with sparsity" are twice these).\n'
+        "\n\nDense TFLOP/s from NVIDIA's data sheets "
+        '(the figures "with sparsity" are twice these).\n'
     )

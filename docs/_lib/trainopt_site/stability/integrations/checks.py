@@ -123,7 +123,8 @@ def hf_run(
     max_grad_norm: float = 1.0,
     ranks: int = 1,
 ) -> dict[str, Any]:
-    """Train the tiny Llama with the ``Trainer``; ``guard``: ``GuardedOptimizer`` options, or ``None`` for plain.
+    """Train the tiny Llama with the ``Trainer``; ``guard``: ``GuardedOptimizer`` options, or
+    ``None`` for plain.
 
     Example:
         >>> import tempfile
@@ -209,12 +210,14 @@ def lightning_run(
     count_syncs: bool = False,
     ranks: int = 1,
 ) -> dict[str, Any]:
-    """Train the tiny MLP with Lightning (automatic optimization) for ``epochs`` (or stop after ``stop_after``).
+    """Train the tiny MLP with Lightning (automatic optimization) for ``epochs`` (or stop after
+    ``stop_after``).
 
     Example:
         >>> import tempfile
         >>> from trainopt_site.stability.integrations.checks import lightning_run
-        >>> lightning_run(tempfile.mkdtemp(), {"check_every": 2}, n_batches=4, nan_batch=1)["skipped"]
+        >>> lightning_run(tempfile.mkdtemp(), {"check_every": 2}, n_batches=4,
+        ...               nan_batch=1)["skipped"]
         1
     """
     import lightning as L
@@ -295,7 +298,8 @@ def accelerate_run(
     Example:
         >>> import tempfile
         >>> from trainopt_site.stability.integrations.checks import accelerate_run
-        >>> accelerate_run(tempfile.mkdtemp(), {"check_every": 2}, n_batches=4, nan_batch=1)["skipped"]
+        >>> accelerate_run(tempfile.mkdtemp(), {"check_every": 2}, n_batches=4,
+        ...                nan_batch=1)["skipped"]
         1
     """
     from accelerate import Accelerator
@@ -346,7 +350,8 @@ def accelerate_run(
 
 
 def rank_run(framework: str, out_dir: str) -> dict[str, Any]:
-    """One rank of a 2-rank run (:func:`~trainopt.perf.distributed.processes.launch`): rank 0 alone sees a NaN batch.
+    """One rank of a 2-rank run (:func:`~trainopt.perf.distributed.processes.launch`): rank 0 alone
+    sees a NaN batch.
 
     Example:
         >>> from trainopt_site.stability.integrations.checks import rank_run
@@ -364,11 +369,13 @@ def rank_run(framework: str, out_dir: str) -> dict[str, Any]:
 
 
 def rank_runs(frameworks: list[str], out_dir: str) -> dict[str, dict[str, Any]]:
-    """:func:`rank_run` for each of ``frameworks`` in turn, in one process per rank: one launch for all of them.
+    """:func:`rank_run` for each of ``frameworks`` in turn, in one process per rank: one launch for
+    all of them.
 
     Each rank trains on one CPU thread (the ranks share the machine's cores, and the models are
-    tiny), with the imported frameworks' objects frozen out of the garbage collector (``gc.freeze``:
-    the ``Trainer`` and Accelerate run ``gc.collect()`` after training); both are restored afterwards.
+    tiny), with the imported frameworks' objects frozen out of the garbage collector
+    (``gc.freeze``: the ``Trainer`` and Accelerate run ``gc.collect()`` after training); both are
+    restored afterwards.
 
     Example:
         >>> from trainopt_site.stability.integrations.checks import rank_runs
