@@ -1,4 +1,5 @@
-"""Shared helpers of the stability tests live beside them (``optimizer_configs``): make them importable.
+"""Shared helpers of the stability tests live beside them (``optimizer_configs``): make them
+importable.
 
 The suite runs with ``--import-mode=importlib``, which puts no test folder on ``sys.path``.
 """

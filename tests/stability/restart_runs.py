@@ -23,12 +23,14 @@ METRIC_STEPPED = (ls.ReduceLROnPlateau, AdaptiveLearningRate)
 
 
 def metric(step: int) -> float:
-    """A loss that falls, sits on a plateau, then rises: ReduceLROnPlateau and AdaptiveLearningRate move."""
+    """A loss that falls, sits on a plateau, then rises: ReduceLROnPlateau and AdaptiveLearningRate
+    move."""
     return 1.0 / (1 + step) if step < 10 else (0.1 if step < 25 else 0.1 + 0.01 * (step - 25))
 
 
 def build(name: str, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
-    """Model, optimizer and scheduler ``name``, from scratch; reseeds torch's generator with ``seed``."""
+    """Model, optimizer and scheduler ``name``, from scratch; reseeds torch's generator with
+    ``seed``."""
     torch.manual_seed(seed)
     model = torch.nn.Sequential(
         torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Dropout(0.2), torch.nn.Linear(8, 3)

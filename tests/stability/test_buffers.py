@@ -1,4 +1,5 @@
-"""A skipped step leaves no trace in the model's buffers, and a non-finite buffer is a non-finite weight.
+"""A skipped step leaves no trace in the model's buffers, and a non-finite buffer is a non-finite
+weight.
 
 The case: a CNN with BatchNorm on the digits, where one image of one batch has one NaN pixel.
 The step is skipped on the device, but its forward pass has already moved BatchNorm's running
@@ -49,7 +50,8 @@ def _cnn(seed: int = 0) -> nn.Sequential:
 
 
 def _batches(x: torch.Tensor, y: torch.Tensor, steps: int, poison: bool):
-    """Batches ``0 .. steps``; batch ``POISONED`` gets one NaN pixel, or is left out (poison False)."""
+    """Batches ``0 .. steps``; batch ``POISONED`` gets one NaN pixel, or is left out (poison
+    False)."""
     for step in range(steps):
         start = (step * BATCH) % (len(x) - BATCH)
         xb, yb = x[start : start + BATCH].clone(), y[start : start + BATCH]

@@ -155,7 +155,7 @@ def test_round_trip_restores_every_component(tmp_path):
         "adaptive": AdaptiveGradientClipper(warmup_steps=1),
         "zscore": ZScoreClipper(warmup_steps=2),
     }
-    for step in range(4):
+    for _step in range(4):
         for c in clippers.values():
             model(torch.randn(2, 4)).sum().backward()
             c(model)
@@ -284,7 +284,7 @@ def test_load_refuses_when_requested_state_is_missing(tmp_path):
         )
 
 
-# --------------------------------------------------------------------------- atomicity and corruption
+# ------------------------------------------------------------------------- atomicity and corruption
 
 
 def test_failed_write_keeps_the_previous_file_and_leaves_no_temporary(tmp_path, monkeypatch):

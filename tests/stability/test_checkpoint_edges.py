@@ -33,7 +33,7 @@ def _trained(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int = 2)
         opt.step()
 
 
-# --------------------------------------------------------------------------- newest by the step held
+# -------------------------------------------------------------------------- newest by the step held
 
 
 def test_a_copy_with_a_larger_number_in_its_name_but_an_older_step_is_not_the_newest(
@@ -94,7 +94,7 @@ def test_an_overwritten_file_is_read_again(tmp_path) -> None:
         ]
 
 
-# --------------------------------------------------------------------------- optimizer state that does not fit
+# ---------------------------------------------------------------- optimizer state that does not fit
 
 
 def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
@@ -137,8 +137,9 @@ def test_optimizer_state_of_another_parameter_order_is_refused_naming_the_parame
     with pytest.raises(CheckpointError) as caught:
         manager.load_latest(target, reordered)
     assert (
-        "checkpoint_step_2.pt does not fit the optimizer: param_groups[0] parameter 0 ('2.weight', index 0): "
-        "state 'exp_avg' has shape (4, 2) in the file, (2, 4) in the optimizer"
+        "checkpoint_step_2.pt does not fit the optimizer: param_groups[0] parameter 0 "
+        "('2.weight', index 0): state 'exp_avg' has shape (4, 2) in the file, (2, 4) in the "
+        "optimizer"
     ) in str(caught.value)
     _assert_same(_snapshot(target, reordered), before)
 
@@ -220,7 +221,7 @@ def test_the_state_of_every_torch_optimizer_loads_and_per_parameter_state_has_it
     _assert_same(fresh_opt.state_dict(), opt.state_dict())
 
 
-# --------------------------------------------------------------------------- every load failure is a CheckpointError
+# ---------------------------------------------------------- every load failure is a CheckpointError
 
 
 class _Counter:
@@ -342,7 +343,7 @@ def test_every_load_failure_is_a_checkpoint_error_naming_the_file_and_piece_and_
     target_opt.step()  # still the optimizer it was
 
 
-# --------------------------------------------------------------------------- a save accepts what weights_only reads
+# ----------------------------------------------------------- a save accepts what weights_only reads
 
 
 Pair = collections.namedtuple("Pair", "a b")

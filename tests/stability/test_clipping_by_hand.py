@@ -46,7 +46,7 @@ def _check_clipped_by_hand(clip, dtypes: bool, norm_type: float, max_norm: float
     clip(params, max_norm, norm_type)
     norm = NORMS[norm_type]
     coefficient = min(max_norm / (norm + 1e-6), 1.0)
-    for p, (values, dtype) in zip(params, HAND):
+    for p, (values, _dtype) in zip(params, HAND):
         tolerance = max(TOLERANCE[p.grad.dtype], 1e-6)  # the norm is summed from per-dtype norms
         for got, value in zip(p.grad.double().tolist(), values):
             assert got == pytest.approx(value * coefficient, rel=tolerance), (
@@ -67,7 +67,8 @@ def _check_clipped_by_hand(clip, dtypes: bool, norm_type: float, max_norm: float
 def test_clipping_scales_every_gradient_by_max_norm_over_the_norm_computed_by_hand(
     clip, dtypes, norm_type, max_norm
 ):
-    """max_norm 12.5 and 1000 lie above the norm for some norm types: the gradients stay as they are."""
+    """max_norm 12.5 and 1000 lie above the norm for some norm types: the gradients stay as they
+    are."""
     _check_clipped_by_hand(clip, dtypes, norm_type, max_norm)
 
 

@@ -160,7 +160,8 @@ def test_a_second_name_warns_works_and_clashes_with_the_first(
 
 
 def test_one_name_per_knob_in_every_public_constructor() -> None:
-    """No public class takes a second name of a knob except as a deprecated keyword (default None)."""
+    """No public class takes a second name of a knob except as a deprecated keyword (default
+    None)."""
     for name in stability.__all__:
         obj = getattr(stability, name)
         if not inspect.isclass(obj) or issubclass(obj, BaseException):

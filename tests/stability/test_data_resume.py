@@ -202,7 +202,8 @@ def test_a_fresh_iterator_restarts_the_epoch_and_owns_the_position() -> None:
 
 
 def test_the_loader_the_page_used_before_does_not_resume_bitwise() -> None:
-    """Its resumed run opens one iterator more, which draws one seed more from the global generator."""
+    """Its resumed run opens one iterator more, which draws one seed more from the global
+    generator."""
     straight, resumed = _straight_and_resumed(old_loader=True, num_workers=0)
     assert not torch.equal(straight, resumed)
 
@@ -235,7 +236,8 @@ def test_arguments_it_sets_itself_are_refused() -> None:
 def test_a_resume_from_the_step_0_checkpoint_takes_the_first_batch_again(
     peek: str, tmp_path
 ) -> None:
-    """Break caught: the step-0 checkpoint holding the peek's position (the resumed run one batch ahead)."""
+    """Break caught: the step-0 checkpoint holding the peek's position (the resumed run one batch
+    ahead)."""
     from trainopt.stability import TrainingStabilizer
 
     def run(resume: bool) -> list[torch.Tensor]:

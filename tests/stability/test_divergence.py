@@ -17,7 +17,8 @@ from trainopt.stability.monitoring.loss import LossSpikeDetector
 
 
 def _windows(losses, norms, check_every: int = 100) -> list[dict]:
-    """Feed ``losses`` and gradient ``norms`` to a checker, checking and accepting as the stabilizer does."""
+    """Feed ``losses`` and gradient ``norms`` to a checker, checking and accepting as the stabilizer
+    does."""
     model = torch.nn.Linear(1, 1, bias=False)
     checker = StabilityChecker(model, check_every=check_every)
     reports = []

@@ -79,7 +79,8 @@ def test_every_scheduler_class_of_torch_is_covered() -> None:
 
 
 def test_the_floors_are_reached_and_cut_too() -> None:
-    """Without the floors scaled, the cut run would sit on the twin's floor: the cases above bite."""
+    """Without the floors scaled, the cut run would sit on the twin's floor: the cases above
+    bite."""
     opt, twin = two_groups(), two_groups()
     sched = ls.CosineAnnealingLR(opt, T_max=5, eta_min=0.01)
     twin_sched = ls.CosineAnnealingLR(twin, T_max=5, eta_min=0.01)

@@ -1,7 +1,7 @@
-"""A killed run restarts as the run it replaced: ``python -m trainopt.stability.recipe`` is SIGKILLed
-at seeded random moments, before the first boundary, during checkpoint writes and just after
-them, and restarted with the same command; its final weights are bit for bit those of a run
-that was never interrupted.
+"""A killed run restarts as the run it replaced: ``python -m trainopt.stability.recipe`` is
+SIGKILLed at seeded random moments, before the first boundary, during checkpoint writes and just
+after them, and restarted with the same command; its final weights are bit for bit those of a
+run that was never interrupted.
 
 The kills are deterministic: each process runs the recipe through ``recipe_kills.py``, which
 sends the process ``SIGKILL`` itself at the ``N``-th loss, checkpoint write or save (``N`` drawn
@@ -201,7 +201,8 @@ def test_command_line_mistakes_are_one_line_with_status_2(tmp_path: Path) -> Non
         ),
         (
             ["--checkpoint-dir", str(tmp_path / "file"), "--steps", "5", "--out", "w.pt"],
-            f"error: --checkpoint-dir: {tmp_path / 'file'} is a file; give a folder (it is created if missing)",
+            f"error: --checkpoint-dir: {tmp_path / 'file'} is a file; give a folder "
+            "(it is created if missing)",
         ),
         (
             ["--checkpoint-dir", "c", "--steps", "5", "--out", str(tmp_path)],

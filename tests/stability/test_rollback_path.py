@@ -162,7 +162,8 @@ def test_a_rollback_restores_the_averaged_model(tmp_path) -> None:
 def test_check_between_boundaries_leaves_the_schedule_where_plain_torch_has_it(
     kind: str, tmp_path
 ) -> None:
-    """Break caught: ``boundary`` closing the window with ``check_every - skipped`` applied steps."""
+    """Break caught: ``boundary`` closing the window with ``check_every - skipped`` applied
+    steps."""
     door = _Door(kind, tmp_path)
     for i in range(25):
         door.step(i, bad=i == 22)
@@ -173,7 +174,8 @@ def test_check_between_boundaries_leaves_the_schedule_where_plain_torch_has_it(
 
 
 def test_reduce_lr_on_plateau_through_the_guard(tmp_path) -> None:
-    """Break caught: the guard's window built with a metric scheduler (``step()`` needs ``metrics``)."""
+    """Break caught: the guard's window built with a metric scheduler (``step()`` needs
+    ``metrics``)."""
     door = _Door("guard", tmp_path, scheduler="plateau")
     door.data = [door.data[0]] * 80  # one batch: the loss falls, then plateaus
     for i in range(6 * CHECK):

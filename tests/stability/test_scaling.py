@@ -224,7 +224,8 @@ def test_the_scaler_adds_no_sync_to_momentum_sgd():
 
 @pytest.mark.parametrize("name", [name for name in OPTIMIZERS if not name.endswith("-fused")])
 def test_sync_mode_with_a_non_fused_optimizer_syncs_like_grad_scaler(name: str):
-    """Documented: the default path reads found_inf on the host once per step, as GradScaler does."""
+    """Documented: the default path reads found_inf on the host once per step, as GradScaler
+    does."""
     x, y = torch.randn(4, 6), torch.randn(4, 2)
     counts = []
     for scaler in (DynamicLossScaler(), torch.amp.GradScaler("cpu")):
@@ -316,7 +317,7 @@ def test_bad_arguments_raise_naming_the_field(kwargs, field):
         DynamicLossScaler(**kwargs)
 
 
-# --------------------------------------------------------------------------- CUDA (run by make test-gpu)
+# ---------------------------------------------------------------------- CUDA (run by make test-gpu)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

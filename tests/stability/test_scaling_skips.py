@@ -64,7 +64,8 @@ def test_overflowing_step_leaves_weights_and_state_untouched(config, skip_mode):
 
 @pytest.mark.parametrize("config", HELD, ids=ids(HELD))
 def test_scaler_skip_of_a_first_step_equals_never_stepping(config):
-    """A first step that overflows (mask mode, or a fused kernel) leaves the state a fresh run has."""
+    """A first step that overflows (mask mode, or a fused kernel) leaves the state a fresh run
+    has."""
     first, second = _batches(2)
     model_a, model_b = config.model(), config.model()
     nan_allocator([p.shape for p in model_a.parameters()])

@@ -113,7 +113,8 @@ CYCLES_MOMENTUM = ("CyclicLR", "OneCycleLR")
 
 @pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
 def test_cycled_momentum_follows_the_host_position_after_a_skip(optimizer_name: str) -> None:
-    """The documented bound: momentum/betas run one row ahead per skip until the boundary, lr exact."""
+    """The documented bound: momentum/betas run one row ahead per skip until the boundary, lr
+    exact."""
     model, optimizer, scheduler = _build(optimizer_name, "OneCycleLR")
     stabilizer = TrainingStabilizer(
         model, optimizer, scheduler, check_every=8, detection=Detection(skip_unstable=False)
@@ -148,7 +149,8 @@ def test_cycled_momentum_follows_the_host_position_after_a_skip(optimizer_name: 
 
 
 def test_without_the_window_the_old_hold_still_shifts_the_schedule() -> None:
-    """The control: stepping the scheduler on every call, skipped ones included, drifts by percents."""
+    """The control: stepping the scheduler on every call, skipped ones included, drifts by
+    percents."""
     model, optimizer, scheduler = _build("SGD-momentum", "StepLR")
     stabilizer = TrainingStabilizer(
         model, optimizer, None, check_every=4, detection=Detection(skip_unstable=False)

@@ -151,9 +151,7 @@ def test_an_applied_masked_or_fused_step_is_exactly_the_plain_step(config) -> No
     assert_same(optimizer_state(opt), optimizer_state(ref_opt))
 
 
-def test_torch_fused_sgd_keeps_the_buffers_a_skipped_first_step_creates_and_fused_step_zeroes_them() -> (
-    None
-):
+def test_torch_fused_sgd_keeps_buffers_a_skipped_first_step_makes_fused_step_zeroes_them() -> None:
     """The upstream behaviour fused_step repairs: torch's own found_inf path, without the repair."""
     batches = _batches(2)
     config = next(c for c in HELD if c.name == "SGD(momentum=0.9) [fused=True]")

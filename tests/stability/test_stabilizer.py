@@ -1,4 +1,5 @@
-"""Tests of trainopt.stability.stabilizer: guarded steps, skipped steps and the schedule, precision modes."""
+"""Tests of trainopt.stability.stabilizer: guarded steps, skipped steps and the schedule, precision
+modes."""
 
 from __future__ import annotations
 

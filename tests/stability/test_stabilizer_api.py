@@ -1,5 +1,6 @@
-"""The one-object recipe (issue 21, requirement 6): checkpoints and rollbacks from ``checkpoint_dir``,
-gradient accumulation, several optimizers, averaged weights, and settings checked when built."""
+"""The one-object recipe (issue 21, requirement 6): checkpoints and rollbacks from
+``checkpoint_dir``, gradient accumulation, several optimizers, averaged weights, and settings
+checked when built."""
 
 from __future__ import annotations
 
@@ -147,7 +148,9 @@ def test_inconsistent_settings_are_refused_when_built(case: str, tmp_path: Path)
         "recovery of another optimizer": "recovery.optimizer is not the stabilizer's optimizer",
         "recovery and checkpoint_dir": "either checkpoint_dir",
         "a scheduler of another optimizer": "drives another optimizer",
-        "schedulers and optimizers of different counts": "one scheduler \\(or None\\) per optimizer",
+        "schedulers and optimizers of different counts": (
+            "one scheduler \\(or None\\) per optimizer"
+        ),
         "accumulate=0": "accumulate must be an int >= 1",
         "save_every=0": r"Rollback.save_every must be an int >= 1 or None, got save_every=0",
         "a step hook": "step hooks",

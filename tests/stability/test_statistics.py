@@ -1,4 +1,5 @@
-"""The tail score the monitors compute every step equals its definition through nanmedian and nanmax."""
+"""The tail score the monitors compute every step equals its definition through nanmedian and
+nanmax."""
 
 from __future__ import annotations
 

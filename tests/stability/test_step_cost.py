@@ -1,4 +1,5 @@
-"""What a stabilized step adds, counted in operators: the page's "about 60 small operators per step".
+"""What a stabilized step adds, counted in operators: the page's "about 60 small operators per
+step".
 
 On a CPU, and in kernel launches on a GPU, a step of a small model costs per operator. These count
 the operators dispatched by the stabilizer's update against a plain loop's ``clip_grad_norm_`` and

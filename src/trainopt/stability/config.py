@@ -160,7 +160,8 @@ def deprecated_name(owner: str, old: str, value: Any, new_value: Any, default: A
 def grouped_settings(
     owner: str, detection: Detection | None, rollback: Rollback | None, flat: dict[str, Any]
 ) -> tuple[Detection, Rollback]:
-    """Fold a front door's deprecated flat keywords into its :class:`Detection` and :class:`Rollback`.
+    """Fold a front door's deprecated flat keywords into its :class:`Detection` and
+    :class:`Rollback`.
 
     Example:
         >>> import warnings
@@ -171,8 +172,9 @@ def grouped_settings(
         ...                                            {"spike_factor": 3.0, "lr_factor": 0.25})
         >>> detection.spike_factor, rollback.lr_factor
         (3.0, 0.25)
-        >>> print(caught[0].message)
-        TrainingStabilizer(spike_factor=...) is deprecated: say detection=Detection(spike_factor=...)
+        >>> print(str(caught[0].message).replace(": ", ":\\n"))
+        TrainingStabilizer(spike_factor=...) is deprecated:
+        say detection=Detection(spike_factor=...)
     """
     groups = {"detection": (Detection, detection), "rollback": (Rollback, rollback)}
     fields = {f.name: group for group, (cls, _) in groups.items() for f in dataclasses.fields(cls)}

@@ -120,7 +120,9 @@ def build_recovery(
         >>> from trainopt.stability.core import build_recovery
         >>> model = torch.nn.Linear(2, 1)
         >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        >>> recovery = build_recovery(Rollback(lr_factor=0.25), model, opt, tempfile.mkdtemp(), check_every=50)
+        >>> recovery = build_recovery(
+        ...     Rollback(lr_factor=0.25), model, opt, tempfile.mkdtemp(), check_every=50
+        ... )
         >>> recovery.lr_factor, recovery.checkpoint_manager.save_every
         (0.25, 50)
     """
@@ -169,8 +171,9 @@ class GuardedUpdate:
         >>> from trainopt.stability.core import GuardedUpdate
         >>> model = torch.nn.Linear(2, 1)
         >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        >>> update = GuardedUpdate(model, [opt], [None], checker=StabilityChecker(opt, check_every=5),
-        ...                        check_every=5)
+        >>> update = GuardedUpdate(
+        ...     model, [opt], [None], checker=StabilityChecker(opt, check_every=5), check_every=5
+        ... )
         >>> before = model.weight.detach().clone()
         >>> model(torch.ones(1, 2)).sum().backward()
         >>> skip = update.update(torch.tensor(float("nan")))  # a NaN loss: skipped on the device
@@ -204,7 +207,8 @@ class GuardedUpdate:
         self.data, self.process_group, self.scaler = data, process_group, scaler
         self.trajectory = trajectory or (lambda mode: {})
         self.save_every = getattr(getattr(recovery, "checkpoint_manager", None), "save_every", None)
-        # buffers: a skipped step puts them back (BatchNorm's running statistics); NaN ones roll back
+        # buffers: a skipped step puts them back (BatchNorm's running statistics); NaN ones
+        # roll back
         self.buffers = BufferSnapshot(model) if model is not None else None
         if model is not None:
             self.checker.gradient_monitor.watch_buffers(model)
@@ -315,7 +319,8 @@ class GuardedUpdate:
         """
         report = self.checker.check()
         if self.buffers is not None:
-            self.buffers.refresh()  # buffers registered in the window are copied from the next step on
+            # buffers registered in the window are copied from the next step on
+            self.buffers.refresh()
         since = self.steps - self.window_start
         skipped, *codes = torch.cat(
             [self.skipped.view(1), self.codes[:since].long()]
@@ -475,7 +480,8 @@ class GuardedUpdate:
         return state
 
     def load_state_dict(self, state: dict[str, Any], trajectory_only: bool = False) -> None:
-        """Restore what :meth:`state_dict` returned (a rollback keeps counting every skip ever made)."""
+        """Restore what :meth:`state_dict` returned (a rollback keeps counting every skip
+        ever made)."""
         if "total_skipped" in state and "skipped_steps" not in state:  # written by trainopt 0.4
             state = {**state, "skipped_steps": state["total_skipped"]}
         required = ("steps", "skipped_steps", "skipped", "checker", "last_save", "skip_events")
@@ -504,7 +510,8 @@ class GuardedUpdate:
             self.skip_events = int(state["skip_events"])
 
     def restore_window(self, state: dict[str, Any]) -> None:
-        """Reopen the window mid-way, as :meth:`state_dict` saw it (a framework's own checkpoint)."""
+        """Reopen the window mid-way, as :meth:`state_dict` saw it (a framework's own
+        checkpoint)."""
         self.window.reopen()
         if "applied" in state:
             self.window.applied_steps.copy_(state["applied"].to(self.window.applied_steps.device))
@@ -516,7 +523,8 @@ def _view(name: str, doc: str) -> property:
 
 
 class CoreView:
-    """What both front doors show of their :class:`GuardedUpdate` (``self.core``), under one name each.
+    """What both front doors show of their :class:`GuardedUpdate` (``self.core``), under one
+    name each.
 
     Counters: :attr:`steps` (guarded steps on the current trajectory), :attr:`skipped_steps`
     (skipped ones up to the last boundary), :attr:`skipped` (skipped in the open window, on the
@@ -527,10 +535,13 @@ class CoreView:
         >>> import torch
         >>> from trainopt.stability import TrainingStabilizer
         >>> model = torch.nn.Linear(2, 1)
-        >>> stabilizer = TrainingStabilizer(model, torch.optim.SGD(model.parameters(), lr=0.1), check_every=4)
+        >>> stabilizer = TrainingStabilizer(
+        ...     model, torch.optim.SGD(model.parameters(), lr=0.1), check_every=4
+        ... )
         >>> for factor in (1.0, float("nan"), 1.0, 1.0):
         ...     _ = stabilizer.step(lambda: model(torch.ones(3, 2)).pow(2).mean() * factor)
-        >>> stabilizer.steps, stabilizer.skipped_steps, stabilizer.applied_steps  # the boundary at 4
+        >>> # the boundary at 4:
+        >>> stabilizer.steps, stabilizer.skipped_steps, stabilizer.applied_steps
         (4, 1, 3)
     """
 
@@ -542,7 +553,8 @@ class CoreView:
         return self.core.steps - self.core.skipped_steps - int(self.core.skipped.item())
 
     def end_window(self) -> dict[str, Any]:
-        """End the window now: read the statistics, step the schedules, then roll back or checkpoint.
+        """End the window now: read the statistics, step the schedules, then roll back or
+        checkpoint.
 
         Called every ``check_every`` steps (every rank calls it); called between boundaries, the
         schedule moves on by the steps applied since the last one, as plain torch's would.

@@ -116,7 +116,8 @@ def build_run(
 def train(
     run: dict[str, Any], steps: int, faults: bool = False, log: Any = None
 ) -> torch.nn.Module:
-    """Resume from the newest checkpoint if any, then train until the stabilizer has made ``steps`` steps.
+    """Resume from the newest checkpoint if any, then train until the stabilizer has made
+    ``steps`` steps.
 
     Example:
         >>> import tempfile

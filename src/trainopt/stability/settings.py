@@ -1,4 +1,5 @@
-"""The settings of a :class:`~trainopt.stability.stabilizer.TrainingStabilizer`, checked before anything is built."""
+"""The settings of a :class:`~trainopt.stability.stabilizer.TrainingStabilizer`, checked before
+anything is built."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ DTYPES = {
 
 
 def is_metric_scheduler(scheduler: Any) -> bool:
-    """Whether ``scheduler`` is stepped with a metric (``ReduceLROnPlateau``, ``AdaptiveLearningRate``).
+    """Whether ``scheduler`` is stepped with a metric (``ReduceLROnPlateau``,
+    ``AdaptiveLearningRate``).
 
     Example:
         >>> import torch
@@ -80,8 +82,10 @@ def check_settings(
         >>> model = torch.nn.Linear(2, 1)
         >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
         >>> try:
-        ...     check_settings(model, [opt], [None], dtype=None, scaler=None, check_every=0, accumulate=1,
-        ...                    max_grad_norm=1.0, checkpoint_dir=None, rollback=None, recovery=None)
+        ...     check_settings(
+        ...         model, [opt], [None], dtype=None, scaler=None, check_every=0, accumulate=1,
+        ...         max_grad_norm=1.0, checkpoint_dir=None, rollback=None, recovery=None,
+        ...     )
         ... except ValueError as error:
         ...     print(error)
         check_every must be an int >= 1, got check_every=0
@@ -145,5 +149,6 @@ def check_settings(
                 )
         if recovery.model is not model:
             raise ValueError(
-                "recovery.model is not the stabilizer's model: a rollback would restore another model"
+                "recovery.model is not the stabilizer's model: a rollback would restore another "
+                "model"
             )

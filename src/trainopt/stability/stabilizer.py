@@ -64,7 +64,8 @@ def _as_list(value: Any) -> list[Any]:
 
 
 class TrainingStabilizer(CoreView):
-    """One call per training step: autocast, scaling, monitoring, clipping, a guarded update, recovery.
+    """One call per training step: autocast, scaling, monitoring, clipping, a guarded update,
+    recovery.
 
     Args:
         model: The model being trained (its parameters pick the device type of autocast).
@@ -119,7 +120,9 @@ class TrainingStabilizer(CoreView):
         <torch._C.Generator object at ...>
         >>> model = torch.nn.Linear(4, 1)
         >>> opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
-        >>> stabilizer = TrainingStabilizer(model, opt, checkpoint_dir=tempfile.mkdtemp(), check_every=10)
+        >>> stabilizer = TrainingStabilizer(
+        ...     model, opt, checkpoint_dir=tempfile.mkdtemp(), check_every=10
+        ... )
         >>> x, y = torch.randn(64, 4), torch.randn(64, 1)
         >>> loss = stabilizer.step(lambda: (model(x) - y).pow(2).mean())
         >>> before = model.weight.detach().clone()
@@ -265,7 +268,8 @@ class TrainingStabilizer(CoreView):
         return {"stabilizer": RankEntries(self, resume=mode == "resume")}
 
     def resume(self) -> int | None:
-        """Load the newest valid boundary checkpoint into everything; return its step (``None``: none).
+        """Load the newest valid boundary checkpoint into everything; return its step (``None``:
+        none).
 
         Model, optimizers, schedulers, scaler, averaged models, the recovery's state, and this
         rank's stabilizer state, random number generators and data position: the run continues

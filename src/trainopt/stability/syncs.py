@@ -1,4 +1,5 @@
-"""Count host-device synchronisations on a CPU: the operators that would make a training step sync on a GPU.
+"""Count host-device synchronisations on a CPU: the operators that would make a training step
+sync on a GPU.
 
 :class:`HostSyncCounter` is a ``TorchDispatchMode`` that sees every ATen operator a block of
 code runs, on any device, and counts the ones that make the host wait for a CUDA device:
@@ -47,7 +48,9 @@ SYNCING_OPERATORS: dict[Any, str] = {
     _aten.equal: "torch.equal returns a Python bool",
     _aten.allclose: "torch.allclose returns a Python bool",
     _aten.is_nonzero: "a tensor read as a Python bool",
-    _aten._linalg_check_errors: "linalg error checks read the info on the host (use the *_ex variants)",
+    _aten._linalg_check_errors: (
+        "linalg error checks read the info on the host (use the *_ex variants)"
+    ),
     _aten.index: "indexing with a boolean mask: its size is data-dependent",
     _aten.index_put: "assignment through a boolean mask (use torch.where or masked_fill)",
     _aten.index_put_: "assignment through a boolean mask (use torch.where or masked_fill)",

@@ -1,4 +1,5 @@
-"""The integration runs are tiny: one CPU thread each, and no full garbage collection of the imported frameworks.
+"""The integration runs are tiny: one CPU thread each, and no full garbage collection of the
+imported frameworks.
 
 Two settings, restored after each module, make a run of the tiny models several times cheaper
 without changing what a test compares (both runs of a comparison train under the same settings):

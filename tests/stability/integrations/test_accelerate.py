@@ -1,4 +1,5 @@
-"""trainopt inside an Accelerate loop: equal runs, a NaN batch as if removed, no added sync, bitwise resume (2 ranks: test_ranks.py)."""
+"""trainopt inside an Accelerate loop: equal runs, a NaN batch as if removed, no added sync, bitwise
+resume (2 ranks: test_ranks.py)."""
 
 from __future__ import annotations
 

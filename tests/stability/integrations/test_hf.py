@@ -40,7 +40,8 @@ def test_a_nan_batch_is_as_if_removed_from_the_data(tmp_path) -> None:
 
 
 def test_trainopt_adds_no_host_sync_per_step(tmp_path) -> None:
-    """In steady state (no boundary), the same count per step as without trainopt: the Trainer's own 3 per step (its NaN filter on the logged loss)."""
+    """In steady state (no boundary), the same count per step as without trainopt: the Trainer's own
+    3 per step (its NaN filter on the logged loss)."""
     plain = hf_run(str(tmp_path / "a"), None, count_syncs=True)["syncs"]
     guarded = hf_run(str(tmp_path / "b"), {"check_every": 100}, count_syncs=True)["syncs"]
     assert len(guarded) >= 10 and guarded == plain
@@ -253,7 +254,8 @@ def test_a_reduce_on_plateau_scheduler_cuts_the_rate_on_a_plateau(tmp_path) -> N
 
 
 def test_without_the_trainer_at_hand_the_models_loss_is_monitored(tmp_path, monkeypatch) -> None:
-    """The fallback (no ``Trainer`` found up the stack): each training forward's ``outputs.loss``."""
+    """The fallback (no ``Trainer`` found up the stack): each training forward's
+    ``outputs.loss``."""
     from trainopt.stability.integrations import hf
 
     monkeypatch.setattr(hf, "_calling_trainer", lambda callback: None)

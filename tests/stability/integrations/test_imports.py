@@ -1,4 +1,5 @@
-"""``import trainopt.stability`` needs none of the frameworks; the integrations import theirs lazily.
+"""``import trainopt.stability`` needs none of the frameworks; the integrations import theirs
+lazily.
 
 One fresh interpreter answers both questions (it imports ``trainopt.stability`` first, notes what
 is loaded, then imports the integrations): an interpreter start with torch costs seconds.
@@ -19,7 +20,8 @@ import trainopt.stability
 after_stability = [m for m in sys.modules if 'integrations' in m]
 import trainopt.stability.integrations.hf, trainopt.stability.integrations.lightning
 import trainopt.stability.integrations.accelerate, trainopt.stability.integrations.tiny
-print(json.dumps({"after_stability": after_stability, "top_level": sorted({n.split('.')[0] for n in sys.modules})}))
+top_level = sorted({n.split('.')[0] for n in sys.modules})
+print(json.dumps({"after_stability": after_stability, "top_level": top_level}))
 """
 
 

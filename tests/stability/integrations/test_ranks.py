@@ -1,4 +1,5 @@
-"""Two gloo ranks agree when rank 0 alone sees a NaN batch: the Hugging Face Trainer, Lightning and Accelerate.
+"""Two gloo ranks agree when rank 0 alone sees a NaN batch: the Hugging Face Trainer, Lightning and
+Accelerate.
 
 One launch of 2 ranks runs every installed framework in turn (:func:`rank_runs`), instead of a
 launch per framework: the processes, and their imports of torch, start once.

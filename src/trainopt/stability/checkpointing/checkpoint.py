@@ -70,7 +70,8 @@ class CheckpointManager:
             its former name, is deprecated).
         keep_last: Step checkpoints kept (the ones holding the oldest steps are deleted after
             each save); ``None`` keeps all. ``best_checkpoint.pt`` is kept besides them; it is a
-            hard link to the step file where the filesystem allows (no second write), a copy elsewhere.
+            hard link to the step file where the filesystem allows (no second write), a copy
+            elsewhere.
 
     Example:
         >>> import torch
@@ -155,7 +156,8 @@ class CheckpointManager:
         return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
     def _step_held(self, path: Path, named: int) -> int | None:
-        """The step in the payload of ``path`` (``None``: unreadable), read once per version of the file."""
+        """The step in the payload of ``path`` (``None``: unreadable), read once per version of
+        the file."""
         identity = self._identity(path)
         cached = self._held.get(path.name)
         if cached is not None and cached[0] == identity:
@@ -166,8 +168,8 @@ class CheckpointManager:
             held = None  # ordered by its name; loading it warns and skips it
         if held is not None and held != named:
             warnings.warn(
-                f"checkpoint file {path} holds step {held}, not the {named} its name says (renamed or "
-                f"copied?): it is ordered by the step it holds",
+                f"checkpoint file {path} holds step {held}, not the {named} its name says "
+                "(renamed or copied?): it is ordered by the step it holds",
                 stacklevel=4,
             )
         self._held[path.name] = (identity, held)
@@ -373,7 +375,8 @@ class CheckpointManager:
         return None
 
     def latest_path(self) -> Path | None:
-        """The file :meth:`load_latest` would load: the newest readable step checkpoint, or the best.
+        """The file :meth:`load_latest` would load: the newest readable step checkpoint, or
+        the best.
 
         Example:
             >>> import tempfile

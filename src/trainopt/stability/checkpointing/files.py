@@ -81,8 +81,8 @@ class CheckpointError(RuntimeError):
 
 
 def _first_refused(value: Any, where: str) -> str | None:
-    """Where ``value`` holds something ``torch.load(weights_only=True)`` would refuse (``None``: nowhere
-    known; the loader itself is the judge, this only names the entry)."""
+    """Where ``value`` holds something ``torch.load(weights_only=True)`` would refuse (``None``:
+    nowhere known; the loader itself is the judge, this only names the entry)."""
     if (
         isinstance(value, torch.Tensor)
         or type(value) in _LEAVES
@@ -105,9 +105,10 @@ def _refusal(payload: dict[str, Any], exc: BaseException) -> CheckpointError:
     where = _first_refused(payload, "checkpoint")
     what = f"{where}: " if where else ""
     return CheckpointError(
-        f"{what}checkpoints hold only what torch.load(weights_only=True) reads: tensors, dict, OrderedDict, "
-        f"Counter, list, tuple, set, int, float, complex, bool, str, bytes, None, torch.dtype, torch.device, "
-        f"torch.Size (and classes passed to torch.serialization.add_safe_globals); convert it in its "
+        f"{what}checkpoints hold only what torch.load(weights_only=True) reads: tensors, dict, "
+        "OrderedDict, Counter, list, tuple, set, int, float, complex, bool, str, bytes, None, "
+        "torch.dtype, torch.device, torch.Size (and classes passed to "
+        "torch.serialization.add_safe_globals); convert it in its "
         f"state_dict() ({type(exc).__name__}: {exc})"
     )
 
@@ -144,7 +145,8 @@ def _atomic_write(path: Path, write: Any, verify: Any = None) -> None:
 
 
 def save_weights_only(path: str | os.PathLike[str], payload: dict[str, Any]) -> None:
-    """Write ``payload`` to ``path`` atomically, once ``torch.load(weights_only=True)`` reads it back.
+    """Write ``payload`` to ``path`` atomically, once ``torch.load(weights_only=True)`` reads it
+    back.
 
     Args:
         path: The file to write (replaced only once the new one is complete and readable).

@@ -1,4 +1,5 @@
-"""Load a checkpoint all or nothing: check that every piece fits, and put everything back if one does not.
+"""Load a checkpoint all or nothing: check that every piece fits, and put everything back if
+one does not.
 
 :func:`load_all_or_nothing` is what
 :class:`~trainopt.stability.checkpointing.checkpoint.CheckpointManager` loads with. A checkpoint
@@ -53,7 +54,8 @@ _ALL_HYPERPARAMETERS = set().union(
 )
 
 # State that torch.optim keeps in the shape of its parameter (Adafactor's row_var and col_var,
-# LBFGS's flat vectors are not; they are checked against the optimizer's own state where it has some).
+# LBFGS's flat vectors are not; they are checked against the optimizer's own state where it
+# has some).
 _PER_PARAMETER = frozenset(
     {
         "exp_avg",
@@ -110,7 +112,10 @@ def _optimizer_misfit(
         return "not an optimizer state dict: it needs a list 'param_groups' and a dict 'state'"
     groups = loaded["param_groups"]
     if len(groups) != len(optimizer.param_groups):
-        return f"{len(groups)} param groups in the file, {len(optimizer.param_groups)} in the optimizer"
+        return (
+            f"{len(groups)} param groups in the file, "
+            f"{len(optimizer.param_groups)} in the optimizer"
+        )
     for index, (group, ours) in enumerate(zip(groups, optimizer.param_groups)):
         if not isinstance(group, dict) or not isinstance(group.get("params"), list):
             return f"param_groups[{index}] is not a dict with a list 'params'"
@@ -123,8 +128,8 @@ def _optimizer_misfit(
         foreign = sorted((set(group) & _ALL_HYPERPARAMETERS) - own)
         if foreign:
             return (
-                f"param_groups[{index}] has {foreign}, settings that {type(optimizer).__name__} does not "
-                "have: a checkpoint of another optimizer"
+                f"param_groups[{index}] has {foreign}, settings that "
+                f"{type(optimizer).__name__} does not have: a checkpoint of another optimizer"
             )
     return _optimizer_state_misfit(optimizer, groups, loaded["state"], names)
 
@@ -132,7 +137,8 @@ def _optimizer_misfit(
 def _expected_shape(
     key: str, value: torch.Tensor, param: torch.Tensor, current: Any
 ) -> torch.Size | None:
-    """The shape a state tensor must have: its current state's, its parameter's, or free (``None``)."""
+    """The shape a state tensor must have: its current state's, its parameter's, or free
+    (``None``)."""
     if torch.is_tensor(current):
         return current.shape
     if key in _PER_PARAMETER or (value.ndim == param.ndim and value.numel() == param.numel()):
@@ -166,7 +172,8 @@ def _optimizer_state_misfit(
                 if expected is not None and value.shape != expected:
                     return (
                         f"{where}: state {key!r} has shape {tuple(value.shape)} in the file, "
-                        f"{tuple(expected)} in the optimizer: saved for another model or parameter order"
+                        f"{tuple(expected)} in the optimizer: saved for another model or "
+                        "parameter order"
                     )
     return None
 

@@ -1,4 +1,5 @@
-"""The position in the data, as state: a batch sampler and a loader that a checkpoint resumes mid-epoch."""
+"""The position in the data, as state: a batch sampler and a loader that a checkpoint resumes
+mid-epoch."""
 
 from __future__ import annotations
 
@@ -91,7 +92,8 @@ class ResumableSampler(torch.utils.data.Sampler[list[int]]):
         Example:
             >>> from trainopt.stability.checkpointing.loader import ResumableSampler
             >>> sampler = ResumableSampler(4, batch_size=2, seed=0)
-            >>> [sorted(sampler.next_batch() + sampler.next_batch()) for _ in range(2)], sampler.epoch
+            >>> batches = [sorted(sampler.next_batch() + sampler.next_batch()) for _ in range(2)]
+            >>> batches, sampler.epoch
             ([[0, 1, 2, 3], [0, 1, 2, 3]], 1)
         """
         if self.position >= len(self):
@@ -184,7 +186,8 @@ class _SeedEachBatch:
 
 
 class ResumableDataLoader(torch.utils.data.DataLoader):
-    """A ``DataLoader`` whose position is the batches the training loop took: it resumes bit for bit.
+    """A ``DataLoader`` whose position is the batches the training loop took: it resumes
+    bit for bit.
 
     Batches come from a :class:`ResumableSampler` (epoch ``e`` shuffled with ``(seed, e)``, the
     last short batch dropped). :meth:`state_dict` holds the epoch and the batches of it that the

@@ -1,4 +1,5 @@
-"""The stabilizer's part of a checkpoint: each rank's counters, generators and position in the data."""
+"""The stabilizer's part of a checkpoint: each rank's counters, generators and position in
+the data."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ __all__ = ["Gathered", "RankEntries"]
 
 
 class RankEntries:
-    """The per-rank part of a checkpoint: each rank's stabilizer state, generators and data position.
+    """The per-rank part of a checkpoint: each rank's stabilizer state, generators and data
+    position.
 
     ``state_dict`` gives this rank's entry in its slot; ``load_state_dict`` takes this rank's
     entry: everything on a resume, only the stabilizer's trajectory on a rollback (the run moves

@@ -1,4 +1,5 @@
-"""Unit-wise adaptive gradient clipping (AGC, Brock et al. 2021): each unit against its own weights."""
+"""Unit-wise adaptive gradient clipping (AGC, Brock et al. 2021): each unit against its own
+weights."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The stabilizer inside other people's training loops: the Hugging Face ``Trainer``, Lightning, Accelerate.
+"""The stabilizer inside other people's training loops: the Hugging Face ``Trainer``, Lightning,
+Accelerate.
 
 - :mod:`~trainopt.stability.integrations.guard`: :class:`GuardedOptimizer`, the stabilizer's
   update as an optimizer any framework can step, and the :class:`WindowScheduler` it hands the

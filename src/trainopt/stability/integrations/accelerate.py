@@ -33,7 +33,8 @@ def prepare(
     *others: Any,
     **options: Any,
 ) -> tuple[Any, ...]:
-    """``accelerator.prepare(model, guarded, guarded.scheduler, *others)`` with the optimizer guarded.
+    """``accelerator.prepare(model, guarded, guarded.scheduler, *others)`` with the optimizer
+    guarded.
 
     Args:
         accelerator: An ``accelerate.Accelerator``.
@@ -42,7 +43,8 @@ def prepare(
         **options: :class:`~trainopt.stability.integrations.guard.GuardedOptimizer`'s settings.
 
     Returns:
-        What ``accelerator.prepare`` returns, in the same order: model, optimizer, scheduler, others.
+        What ``accelerator.prepare`` returns, in the same order: model, optimizer, scheduler,
+        others.
 
     Example:
         >>> import torch
@@ -50,7 +52,9 @@ def prepare(
         >>> from trainopt.stability.integrations.accelerate import prepare
         >>> model = torch.nn.Linear(2, 1)
         >>> optimizer = torch.optim.AdamW(model.parameters(), fused=True)
-        >>> model, optimizer, scheduler = prepare(Accelerator(cpu=True), model, optimizer, check_every=10)
+        >>> model, optimizer, scheduler = prepare(
+        ...     Accelerator(cpu=True), model, optimizer, check_every=10
+        ... )
         >>> type(optimizer.optimizer).__name__
         'GuardedOptimizer'
     """

@@ -1,10 +1,10 @@
 """The stabilizer's update as an optimizer: for training loops that someone else owns.
 
 A framework (the Hugging Face ``Trainer``, Lightning, Accelerate) runs the forward and backward
-passes, clips, and then calls ``optimizer.step()`` and ``scheduler.step()``. :class:`GuardedOptimizer`
-is that optimizer: its :meth:`~GuardedOptimizer.step` is the second half of
-:meth:`TrainingStabilizer.step <trainopt.stability.stabilizer.TrainingStabilizer.step>`, with no
-host sync between boundaries:
+passes, clips, and then calls ``optimizer.step()`` and ``scheduler.step()``.
+:class:`GuardedOptimizer` is that optimizer: its :meth:`~GuardedOptimizer.step` is the second half
+of :meth:`TrainingStabilizer.step <trainopt.stability.stabilizer.TrainingStabilizer.step>`, with
+no host sync between boundaries:
 
 1. the monitors of a :class:`~trainopt.stability.monitoring.checker.StabilityChecker` read the loss
    (given to :meth:`~GuardedOptimizer.observe`, or returned by the closure the framework passes) and
@@ -254,7 +254,8 @@ class GuardedOptimizer(CoreView, torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> torch.Tensor:  # type: ignore[override]
-        """The guarded update; ``closure`` (if given) runs first and returns the loss. Returns the loss."""
+        """The guarded update; ``closure`` (if given) runs first and returns the loss. Returns the
+        loss."""
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
@@ -280,7 +281,8 @@ class GuardedOptimizer(CoreView, torch.optim.Optimizer):
         raise TypeError("add a param group to the optimizer before guarding it")
 
     def state_dict(self) -> dict[str, Any]:
-        """The wrapped optimizer's state plus the guard's, under ``"trainopt"`` (``weights_only`` loads it).
+        """The wrapped optimizer's state plus the guard's, under ``"trainopt"`` (``weights_only``
+        loads it).
 
         Saved mid-window too (a framework checkpoints when it likes): the groups hold the
         boundary's rates, and the update's state the window's applied count.

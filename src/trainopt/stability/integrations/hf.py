@@ -187,7 +187,8 @@ def stabilize(
             (``check_every``, ``checkpoint_dir`` for rollbacks, ...).
 
     Returns:
-        ``((guarded, guarded.scheduler), callback)``: ``Trainer(optimizers=..., callbacks=[callback])``.
+        ``((guarded, guarded.scheduler), callback)``:
+        ``Trainer(optimizers=..., callbacks=[callback])``.
 
     Example:
         >>> import torch

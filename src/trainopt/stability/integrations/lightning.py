@@ -1,4 +1,5 @@
-"""The stabilizer inside Lightning: a ``GuardedOptimizer`` from ``configure_optimizers`` and a ``Callback``.
+"""The stabilizer inside Lightning: a ``GuardedOptimizer`` from ``configure_optimizers`` and a
+``Callback``.
 
 Automatic optimization already hands the optimizer a closure: Lightning calls
 ``optimizer.step(closure)``, and the closure runs ``training_step``, the backward pass and

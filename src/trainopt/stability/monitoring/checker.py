@@ -1,4 +1,5 @@
-"""The stabilizer's monitors behind one ``update`` per step (device) and one ``check`` per window (host)."""
+"""The stabilizer's monitors behind one ``update`` per step (device) and one ``check`` per window
+(host)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ __all__ = ["StabilityChecker"]
 
 # The numbers of a report that decide: each becomes its largest value over the ranks.
 _RECENT = 10  # fewest recent losses whose median the divergence test reads
-# How many times the reference's largest gradient norm a diverging run's median gradient norm exceeds.
+# How many times the reference's largest gradient norm a diverging run's median gradient norm
+# exceeds.
 GRAD_GROWTH = 2.0
 # How many times below the reference's largest gradient norm a dead run's median gradient norm lies.
 GRAD_COLLAPSE = 4.0
@@ -70,7 +72,8 @@ class StabilityChecker:
             :class:`~trainopt.stability.monitoring.gradients.GradientMonitor` measures (an optimizer
             gives per-group norms).
         loss_monitor: Defaults to ``LossStabilityMonitor(check_every=check_every)``.
-        gradient_monitor: Defaults to ``GradientMonitor(model_or_optimizer, check_every=check_every)``.
+        gradient_monitor: Defaults to
+            ``GradientMonitor(model_or_optimizer, check_every=check_every)``.
         check_every: Steps between host reads.
         grad_growth: How many times the reference window's largest gradient norm the recent median
             gradient norm must exceed, besides the loss exceeding the reference, for divergence.
@@ -130,7 +133,8 @@ class StabilityChecker:
 
     @torch.no_grad()
     def update(self, loss: torch.Tensor) -> torch.Tensor:
-        """Fold this step's loss and gradients into the monitors; return the agreed "unstable" flag."""
+        """Fold this step's loss and gradients into the monitors; return the agreed "unstable"
+        flag."""
         grads = self.gradient_monitor
         detector = self.loss_monitor.detector
         if self._joint_fits(loss):
@@ -164,7 +168,8 @@ class StabilityChecker:
         return self.last_flag
 
     def _joint_fits(self, loss: torch.Tensor) -> bool:
-        """Whether both monitors can be updated together (:class:`_JointStep`): same windows and device."""
+        """Whether both monitors can be updated together (:class:`_JointStep`): same windows and
+        device."""
         if self._joint is None:
             detector, grads = self.loss_monitor.detector, self.gradient_monitor
             if not (
@@ -195,7 +200,8 @@ class StabilityChecker:
         return nanmedian(buffer[index])
 
     def check(self) -> dict[str, Any]:
-        """Read both monitors (host), reduce over ranks, start a new window; ``is_stable`` and why."""
+        """Read both monitors (host), reduce over ranks, start a new window; ``is_stable`` and
+        why."""
         recent = self._recent_median(self.recent)
         device = recent.device
         values = torch.stack(
@@ -224,7 +230,8 @@ class StabilityChecker:
             and math.isfinite(grad_limit)
             and recent_grad_v > self.grad_growth * grad_limit
         )
-        # a dead run: the loss climbs back to chance while the gradients vanish (boundary reads only)
+        # a dead run: the loss climbs back to chance while the gradients vanish (boundary reads
+        # only)
         grads_down = (
             math.isfinite(recent_grad_v)
             and math.isfinite(grad_limit)
@@ -272,7 +279,8 @@ class StabilityChecker:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
+        """Settings, counters and tensors: everything to resume (loads with
+        ``weights_only=True``)."""
         return {
             "loss_monitor": self.loss_monitor.state_dict(),
             "gradient_monitor": self.gradient_monitor.state_dict(),
@@ -349,7 +357,8 @@ class StabilityChecker:
 
 
 class _JointStep:
-    """Both monitors' step in one pass: the loss and the gradient norm side by side, one sort for both.
+    """Both monitors' step in one pass: the loss and the gradient norm side by side, one sort
+    for both.
 
     :meth:`StabilityChecker.update` would run :meth:`LossStabilityMonitor.update
     <trainopt.stability.monitoring.loss.LossStabilityMonitor.update>`, :meth:`GradientMonitor.update
@@ -398,7 +407,8 @@ class _JointStep:
         )
 
     def bind(self, checker: StabilityChecker, device: torch.device) -> None:
-        """Gather the monitors' per-step tensors into shared ones and give the monitors views of them."""
+        """Gather the monitors' per-step tensors into shared ones and give the monitors views of
+        them."""
         owners = self._owners(checker)
         detector, grads, monitor = owners["detector"], owners["grads"], owners["loss"]
         detector._to(device)

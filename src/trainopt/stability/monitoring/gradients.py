@@ -18,7 +18,8 @@ from trainopt.validation import check_int, check_number
 
 
 def _stacked_norms(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """L2 norm of each tensor, in one ``torch._foreach_norm`` per (device, dtype), as a float32 vector.
+    """L2 norm of each tensor, in one ``torch._foreach_norm`` per (device, dtype), as a float32
+    vector.
 
     The vector keeps the order of ``tensors``.
     """
@@ -42,8 +43,9 @@ class GradientMonitor:
     Each :meth:`update` computes every per-tensor gradient norm with ``torch._foreach_norm`` and
     reduces the stacked norms with ``torch.linalg.vector_norm``: a handful of kernels, whatever
     the number of parameters, and no ``.item()``. Parameter norms (reported, never acted on)
-    are measured the same way when :meth:`summary` reads the statistics. The global gradient norm is returned as a tensor
-    (the same value :func:`torch.nn.utils.clip_grad_norm_` computes, so a clipper can reuse it).
+    are measured the same way when :meth:`summary` reads the statistics. The global gradient norm
+    is returned as a tensor (the same value :func:`torch.nn.utils.clip_grad_norm_` computes, so a
+    clipper can reuse it).
 
     Buffers count as weights: :meth:`summary` also reports ``nonfinite_buffers``, how many
     floating buffers of the watched module (the one given, or :meth:`watch_buffers`'s) hold an
@@ -148,7 +150,8 @@ class GradientMonitor:
 
     @torch.no_grad()
     def measure(self) -> torch.Tensor:
-        """The global gradient norm of the current gradients (and each group's), not yet folded in."""
+        """The global gradient norm of the current gradients (and each group's), not yet folded
+        in."""
         device = self.buffer.device
         group_grads = [
             torch.linalg.vector_norm(
@@ -162,7 +165,8 @@ class GradientMonitor:
 
     @torch.no_grad()
     def update(self) -> torch.Tensor:
-        """Measure the current gradients and fold the norm in; return the global gradient norm (tensor)."""
+        """Measure the current gradients and fold the norm in; return the global gradient norm
+        (tensor)."""
         self.measure()
         value = self.last_value = _as_finite_or_nan(self.grad_norm)  # NaN when non-finite
         self.last_nonfinite = torch.isnan(value)
@@ -232,7 +236,8 @@ class GradientMonitor:
         return report
 
     def state_dict(self) -> dict[str, Any]:
-        """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
+        """Settings, counters and tensors: everything to resume (loads with
+        ``weights_only=True``)."""
         settings = {
             k: getattr(self, k)
             for k in ("window_size", "explosion_factor", "min_history", "check_every", "steps")

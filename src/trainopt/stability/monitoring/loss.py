@@ -1,4 +1,5 @@
-"""Loss monitors: spikes against a robust window, and a run's loss stability, with no host sync per step."""
+"""Loss monitors: spikes against a robust window, and a run's loss stability, with no host sync
+per step."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ class LossSpikeDetector:
 
     The defaults come from the healthy and faulty corpora of the stability page: at
     ``spike_factor=4`` (and the gradient monitor's ``explosion_factor=6``) the healthy runs of
-    ``python -m trainopt_site.stability.corpus`` skip about one batch in ten thousand, and a batch with
-    every label wrong scores above it once the model has learnt anything.
+    ``python -m trainopt_site.stability.corpus`` skip about one batch in ten thousand, and a batch
+    with every label wrong scores above it once the model has learnt anything.
 
     Example:
         >>> import torch
@@ -237,7 +238,8 @@ class LossStabilityMonitor:
         return report
 
     def state_dict(self) -> dict[str, Any]:
-        """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
+        """Settings, counters and tensors: everything to resume (loads with
+        ``weights_only=True``)."""
         return {
             "check_every": self.check_every,
             "detector": self.detector.state_dict(),

@@ -13,7 +13,8 @@ MAD_TO_SIGMA = 1.4826
 
 
 def nanmedian(x: torch.Tensor) -> torch.Tensor:
-    """Median of the non-NaN entries of a 1-d tensor (mean of the two middle values), without a sync.
+    """Median of the non-NaN entries of a 1-d tensor (mean of the two middle values), without a
+    sync.
 
     Sorting puts NaN last; the middle index comes from an on-device count of the non-NaN
     entries and is read with ``gather``, so nothing is copied to the host (some torch builds'

@@ -136,7 +136,8 @@ def check_scalable(scheduler: Any) -> None:
         >>> import torch
         >>> from trainopt.stability.recovery.rates import check_scalable
         >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
-        >>> check_scalable(torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10, eta_min=0.01)) is None
+        >>> cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10, eta_min=0.01)
+        >>> check_scalable(cosine) is None
         True
     """
     if scheduler is None:
@@ -144,7 +145,8 @@ def check_scalable(scheduler: Any) -> None:
     if type(scheduler) not in _HANDLERS:
         known = sorted(cls.__name__ for cls in _HANDLERS)
         raise UnsupportedSchedulerError(
-            f"scale_learning_rate cannot cut the rates of {type(scheduler).__name__}: it does not know where "
+            f"scale_learning_rate cannot cut the rates of {type(scheduler).__name__}: it does not "
+            "know where "
             f"{type(scheduler).__name__} keeps them (supported: {', '.join(known)})"
         )
     for inner in getattr(scheduler, "_schedulers", []):

@@ -113,8 +113,8 @@ class TrainingRecovery:
         if ignored:  # 0.4 scored spikes here too; the monitors do it now, on the device
             warnings.warn(
                 f"TrainingRecovery({ignored[0]}=...) is deprecated and ignored: the monitors score "
-                f"spikes; say detection=Detection({RENAMED.get(ignored[0], ignored[0])}=...) to the "
-                "stabilizer or the guard",
+                f"spikes; say detection=Detection({RENAMED.get(ignored[0], ignored[0])}=...) "
+                "to the stabilizer or the guard",
                 DeprecationWarning,
                 stacklevel=2,
             )
@@ -146,7 +146,8 @@ class TrainingRecovery:
     # -- the decision ---------------------------------------------------------------------------
 
     def rollback_reason(self, report: Mapping[str, Any]) -> str | None:
-        """Why a :class:`~trainopt.stability.stabilizer.StabilityChecker` report calls for a rollback, or ``None``.
+        """Why a :class:`~trainopt.stability.stabilizer.StabilityChecker` report calls for a
+        rollback, or ``None``.
 
         Bad steps were already skipped on the device and never reached the weights, so a bad
         batch, or a few, needs no rollback. A rollback needs persistence. It is due when:
@@ -226,7 +227,8 @@ class TrainingRecovery:
             )
         if restored is None:
             raise TrainingInstabilityError(
-                f"cannot recover from {reason}: no valid checkpoint in {self.checkpoint_manager.save_dir}"
+                f"cannot recover from {reason}: no valid checkpoint in "
+                f"{self.checkpoint_manager.save_dir}"
             )
         step, loss = restored
         self.recovery_attempts += 1
@@ -239,7 +241,8 @@ class TrainingRecovery:
         return int(step)
 
     def _apply_lr_scale(self) -> None:
-        """Cut the restored rates from the scale the checkpoint was saved with to :attr:`lr_scale`."""
+        """Cut the restored rates from the scale the checkpoint was saved with to
+        :attr:`lr_scale`."""
         if self.optimizer is None:
             return
         saved = lr_scale(self.optimizer)
@@ -254,7 +257,8 @@ class TrainingRecovery:
         return False
 
     def state_dict(self) -> dict[str, Any]:
-        """Settings, counters and tensors: everything to resume (loads with ``weights_only=True``)."""
+        """Settings, counters and tensors: everything to resume (loads with
+        ``weights_only=True``)."""
         return {
             "recovery_attempts": self.recovery_attempts,
             "lr_scale": self.lr_scale,

@@ -73,7 +73,8 @@ def update_scale_with_hysteresis_(
     growth_interval: int,
     hysteresis: int,
 ) -> None:
-    """GradScaler's scale update, backing off only after ``hysteresis`` overflows in a row (in place).
+    """GradScaler's scale update, backing off only after ``hysteresis`` overflows in a row (in
+    place).
 
     With ``hysteresis=1`` it is ``torch._amp_update_scale_``.
 

@@ -52,7 +52,8 @@ def _averages(
     models: list[torch.Tensor],
     count: torch.Tensor,
 ) -> list[torch.Tensor]:
-    """What ``update_parameters`` makes of each averaged tensor once ``n_averaged > 0``, out of place."""
+    """What ``update_parameters`` makes of each averaged tensor once ``n_averaged > 0``, out of
+    place."""
     if averaged.multi_avg_fn is None and averaged.avg_fn is not None:
         return [averaged.avg_fn(a, m, count.to(a.device)) for a, m in zip(olds, models)]
     news = [a.clone() for a in olds]

@@ -22,7 +22,8 @@ __all__ = ["BufferSnapshot", "nonfinite_buffers"]
 
 
 def _slots(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.Tensor]]:
-    """(module, name, buffer) for each buffer, each once, leaving out lazy ones not yet materialised.
+    """(module, name, buffer) for each buffer, each once, leaving out lazy ones not yet
+    materialised.
 
     A walk over ``modules()`` and their ``_buffers``: the same buffers as ``named_buffers()``,
     in its order, without building the dotted names (a third of the time).
@@ -62,10 +63,10 @@ class BufferSnapshot:
     change shape, dtype or device. A model without buffers costs nothing.
 
     Limits: a buffer registered between two boundaries is seen from the next boundary on
-    (:meth:`refresh`, which the stabilizer calls there); a buffer that appears during the step (a lazy module's, materialised by its first
-    forward pass), or whose shape changes, has nothing to return to and is left as it is. A
-    buffer the forward pass replaces by another tensor of the same shape is restored in the new
-    tensor.
+    (:meth:`refresh`, which the stabilizer calls there); a buffer that appears during the step (a
+    lazy module's, materialised by its first forward pass), or whose shape changes, has nothing to
+    return to and is left as it is. A buffer the forward pass replaces by another tensor of the
+    same shape is restored in the new tensor.
 
     Args:
         model: The module whose buffers a skipped step must leave unchanged.
@@ -95,7 +96,8 @@ class BufferSnapshot:
         self._walk = True
 
     def _current_slots(self) -> list[tuple[torch.nn.Module, str, torch.Tensor]]:
-        """The buffers now: the last walk's slots while each still holds its tensor, else a new walk."""
+        """The buffers now: the last walk's slots while each still holds its tensor, else a new
+        walk."""
         if not self._walk:
             now = [(module, name, module._buffers.get(name)) for module, name in self._slots]
             if all(b is t for (_, _, b), t in zip(now, self._tensors)):

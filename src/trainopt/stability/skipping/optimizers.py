@@ -70,7 +70,8 @@ def skips_in_kernel(optimizer: torch.optim.Optimizer) -> bool:
         >>> import torch
         >>> from trainopt.stability.skipping.optimizers import skips_in_kernel
         >>> w = torch.nn.Parameter(torch.zeros(2))
-        >>> skips_in_kernel(torch.optim.AdamW([w], fused=True)), skips_in_kernel(torch.optim.AdamW([w]))
+        >>> fused, plain = torch.optim.AdamW([w], fused=True), torch.optim.AdamW([w])
+        >>> skips_in_kernel(fused), skips_in_kernel(plain)
         (True, False)
     """
     return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
@@ -218,9 +219,9 @@ def check_skippable(optimizer: torch.optim.Optimizer) -> None:
         ):
             raise _refuse(
                 optimizer,
-                f"param_groups[{index}] has momentum and dampening={group['dampening']}: torch starts "
-                "the momentum buffer at the first gradient, undamped, and after a skipped first step no "
-                "buffer value gives that without reading the skip flag on the host",
+                f"param_groups[{index}] has momentum and dampening={group['dampening']}: torch "
+                "starts the momentum buffer at the first gradient, undamped, and after a skipped "
+                "first step no buffer value gives that without reading the skip flag on the host",
                 "use dampening=0 (torch's default), or another optimizer",
             )
         if group["params"]:
@@ -287,6 +288,6 @@ def check_no_step_hooks(optimizer: torch.optim.Optimizer) -> None:
         f"it has optimizer step hooks, which would run on skipped steps too: {named}",
         "remove them (handle.remove()); for an EMA or SWA of the weights, pass a "
         "torch.optim.swa_utils.AveragedModel to the stabilizer's averaged= (or call "
-        "trainopt.stability.skipping.averaging.masked_update_parameters), which leaves it unchanged "
-        "on skipped steps",
+        "trainopt.stability.skipping.averaging.masked_update_parameters), which leaves it "
+        "unchanged on skipped steps",
     )

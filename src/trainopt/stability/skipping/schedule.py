@@ -39,7 +39,8 @@ holds, as a Python float, the value at the host's position: the rate the last st
 the window's first skipped step, one row ahead per skip after it, until the boundary. Logging
 callbacks that read them (Lightning's ``LearningRateMonitor``, the ``Trainer``'s
 ``learning_rate``, which transformers reads after every step) log the schedule as it runs, with
-no host read. :meth:`ScheduleWindow.applied_rates` gives the exact rates as device tensors. :meth:`ScheduleWindow.check` refuses, when the stabilizer is built, what torch itself cannot
+no host read. :meth:`ScheduleWindow.applied_rates` gives the exact rates as device tensors.
+:meth:`ScheduleWindow.check` refuses, when the stabilizer is built, what torch itself cannot
 take: a tensor rate given by the user (the look-ahead fills it in place), and ``foreach=True``
 without ``capturable`` for an optimizer whose update is not linear in the rate (``ASGD``,
 ``Rprop``).
@@ -236,15 +237,17 @@ class ScheduleWindow:
         self.position = 0
 
     def check(self) -> None:
-        """Refuse a value the optimizer cannot take without a host read, or a tensor rate it was given."""
+        """Refuse a value the optimizer cannot take without a host read, or a tensor rate it was
+        given."""
         for optimizer, scheduler in self.pairs:
             name = type(optimizer).__name__
             for index, group in enumerate(optimizer.param_groups):
                 tensors = [k for k, v in group.items() if k != "params" and torch.is_tensor(v)]
                 if tensors and scheduler is not None:
                     raise UnsupportedScheduleError(
-                        f"{name}.param_groups[{index}][{tensors[0]!r}] is a tensor: the schedule window fills "
-                        f"the rates itself, on the device; pass {tensors[0]} as a Python float"
+                        f"{name}.param_groups[{index}][{tensors[0]!r}] is a tensor: the schedule "
+                        f"window fills the rates itself, on the device; pass {tensors[0]} as a "
+                        "Python float"
                     )
             modes = {
                 mode
@@ -259,9 +262,10 @@ class ScheduleWindow:
                 and not defaults.get("fused")
             ):
                 raise UnsupportedScheduleError(
-                    f"{name}(foreach=True) cannot take the rates of {type(scheduler).__name__} on the device: "
-                    f"its update is not linear in the rate and torch's foreach path takes no tensor rate "
-                    "without capturable=True. Use foreach=False or capturable=True, or check_every=1"
+                    f"{name}(foreach=True) cannot take the rates of {type(scheduler).__name__} "
+                    "on the device: its update is not linear in the rate and torch's foreach path "
+                    "takes no tensor rate without capturable=True. Use foreach=False or "
+                    "capturable=True, or check_every=1"
                 )
 
     def _row(self, values: torch.Tensor) -> None:
@@ -277,7 +281,8 @@ class ScheduleWindow:
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[dict[int, torch.Tensor]]:
-        """Within: every changing value is the window's row at the applied count (see the module notes).
+        """Within: every changing value is the window's row at the applied count (see the module
+        notes).
 
         Yields ``{id(param_group): ratio}`` for the rescaled groups:
         :func:`~trainopt.stability.skipping.step.masked_step` multiplies each parameter's change by
@@ -299,7 +304,8 @@ class ScheduleWindow:
             self._publish()
 
     def _publish(self) -> None:
-        """Leave in each group, as a Python float, the value at the host's position (no host read)."""
+        """Leave in each group, as a Python float, the value at the host's position (no host
+        read)."""
         if not self.slots:
             return
         host = self.host_rows[min(self.position, self.length - 1)]
@@ -310,7 +316,8 @@ class ScheduleWindow:
                 scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
     def restore(self) -> None:
-        """Put the boundary's Python floats back into the groups (before a scheduler step or a save)."""
+        """Put the boundary's Python floats back into the groups (before a scheduler step or a
+        save)."""
         for group, key, value in self.base:
             group[key] = value
         for scheduler, last in self.last_lrs:

@@ -107,7 +107,8 @@ class StepSnapshot:
     def take(
         self, params: list[torch.Tensor], state: list[torch.Tensor], ratios: list[Any]
     ) -> None:
-        """Copy ``params`` (each changed by its ratio, or ``None``) and ``state`` before the step."""
+        """Copy ``params`` (each changed by its ratio, or ``None``) and ``state`` before the
+        step."""
         tensors = [*params, *state]
         ratios = [*ratios, *([None] * len(state))]
         first: dict[
@@ -141,7 +142,8 @@ class StepSnapshot:
 
     @torch.no_grad()
     def restore_where(self, masks: Callable[[torch.Tensor], torch.Tensor], now: list[Any]) -> None:
-        """After the step: rescale each parameter's change by its ratio, then put back where skipped.
+        """After the step: rescale each parameter's change by its ratio, then put back where
+        skipped.
 
         ``now`` holds the state tensors as the step left them (``None`` for one it removed).
         """
@@ -210,7 +212,8 @@ class _SnapshotGroup:
                     ratio,
                     out=self.scratch[start:stop],
                 )
-            # row 1 (the old values) where skipped, row 0 (the step's) where not: a copy, not a where
+            # row 1 (the old values) where skipped, row 0 (the step's) where not: a copy, not a
+            # where
             row = masks(self.saved).long().view(1)
             torch.index_select(self.pair, 0, row, out=self.chosen)
             torch._foreach_copy_(now, self.chosen_views)
@@ -366,7 +369,8 @@ def fused_step(
     grad_scale: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> Any:
-    """Step a fused optimizer with ``found_inf`` (and ``grad_scale``): its kernel skips on the device.
+    """Step a fused optimizer with ``found_inf`` (and ``grad_scale``): its kernel skips on the
+    device.
 
     This is how ``torch.amp.GradScaler`` steps optimizers with ``_step_supports_amp_scaling``,
     with one repair: state the step creates is reset to its initial value where the step was
