@@ -199,12 +199,8 @@ def grouped_settings(
         if given is None:
             given = cls(**values[group])
         elif not isinstance(given, cls):
-            # the same class from a second import of this module (a test harness that imports a
-            # file by path): rebuilt field by field; anything else is refused
-            if type(given).__name__ != cls.__name__ or not dataclasses.is_dataclass(given):
-                raise TypeError(
-                    f"{owner}({group}=...) must be a {cls.__name__}, got a {type(given).__name__}"
-                )
-            given = cls(**dataclasses.asdict(given))
+            raise TypeError(
+                f"{owner}({group}=...) must be a {cls.__name__}, got a {type(given).__name__}"
+            )
         built.append(given)
     return built[0], built[1]
