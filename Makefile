@@ -20,7 +20,7 @@ SPHINXOPTS ?= -W --keep-going
 # pytest-xdist workers: two (CI's machine has two cores), one where there is a single core. Each
 # file runs on one worker (see conftest.py), and the site is built once per run.
 # `make test PYTEST_ARGS=-n0` runs serially; PYTEST_WORKERS=auto uses every core.
-PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 2 ? n : 2 )))
+PYTEST_WORKERS ?= $(shell n=$$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 2); echo $$(( n < 2 ? n : 2 )))
 PYTEST_ARGS ?=
 
 .PHONY: html test test-gpu lint livehtml linkcheck clean venv

@@ -11,7 +11,7 @@ import torch
 from trainopt.stability.distributed import any_rank, in_process_group, max_over_ranks
 from trainopt.stability.monitoring.gradients import GradientMonitor
 from trainopt.stability.monitoring.loss import LossSpikeDetector, LossStabilityMonitor
-from trainopt.stability.monitoring.statistics import _HALVES, nanmax, nanmedian
+from trainopt.stability.monitoring.statistics import nanmax, nanmedian, tail_score
 from trainopt.validation import check_number
 
 __all__ = ["StabilityChecker"]
@@ -364,9 +364,9 @@ class _JointStep:
     <trainopt.stability.monitoring.loss.LossStabilityMonitor.update>`, :meth:`GradientMonitor.update
     <trainopt.stability.monitoring.gradients.GradientMonitor.update>` and its own bookkeeping, each
     on 0-d tensors: about 90 operators per step, which on a CPU cost more than the arithmetic. This
-    does the same on pairs (loss, gradient norm), with the same formulas, so the monitors end in
-    bitwise the same state (a test runs both ways): the two windows are the rows of one tensor
-    scored by one sort, and the counters, maxima and flags that the monitors hold are views into
+    does the same on pairs (loss, gradient norm), so the monitors end in bitwise the same state
+    (a test runs both ways): the two windows are the rows of one tensor, scored in one sort by
+    the one :func:`~trainopt.stability.monitoring.statistics.tail_score`, and the counters, maxima and flags that the monitors hold are views into
     a few shared tensors written in place. About 45 operators.
 
     The monitors keep their attributes (``detector.buffer`` is a row of :attr:`ring`, and so on)
@@ -440,13 +440,6 @@ class _JointStep:
             [True, False], device=device
         )  # maxima: the loss's score, the norm
         self.increments = torch.tensor(self._INCREMENTS, device=device)
-        if device not in _HALVES:
-            _HALVES[device] = (
-                torch.tensor([1, 1, 2], device=device),
-                torch.tensor([-1, 0, -2], device=device),
-            )
-        scale, shift = _HALVES[device]
-        self.scale, self.shift = scale.view(1, 3), shift.view(1, 3)
         views = [
             (detector, "buffer", self.ring[0]),
             (grads, "buffer", self.ring[1]),
@@ -485,16 +478,8 @@ class _JointStep:
         torch.ne(self.value, self.value, out=self.nonfinite)  # NaN != NaN
         steps, size = checker.steps, self.ring.shape[1]
         if steps >= detector.min_history:
-            # tail_score of each row (statistics._median_and_max), both rows from one sort
-            ordered = torch.sort(self.ring[:, : min(steps, size)], dim=1).values
-            count = (ordered == ordered).sum(1, keepdim=True)
-            index = torch.div(count * self.scale + self.shift, 2, rounding_mode="floor").clamp_(
-                0, ordered.shape[1] - 1
-            )
-            picked = ordered.gather(1, index)
-            median, largest = picked[:, :2].mean(1), picked[:, 2]
-            unit = torch.maximum(largest - median, 1e-2 * median.abs()).clamp_min(1e-8)
-            torch.div(self.value - median, unit, out=self.score)
+            # both rows (the loss, the gradient norm) scored by the one tail score, one sort
+            tail_score(self.value, self.ring[:, : min(steps, size)], out=self.score)
             torch.gt(self.score, self.factors, out=self.over)  # NaN compares False
         else:
             self.score.fill_(math.nan)
