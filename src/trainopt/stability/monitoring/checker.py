@@ -366,8 +366,9 @@ class _JointStep:
     on 0-d tensors: about 90 operators per step, which on a CPU cost more than the arithmetic. This
     does the same on pairs (loss, gradient norm), so the monitors end in bitwise the same state
     (a test runs both ways): the two windows are the rows of one tensor, scored in one sort by
-    the one :func:`~trainopt.stability.monitoring.statistics.tail_score`, and the counters, maxima and flags that the monitors hold are views into
-    a few shared tensors written in place. About 45 operators.
+    the one :func:`~trainopt.stability.monitoring.statistics.tail_score`, and the counters,
+    maxima and flags that the monitors hold are views into a few shared tensors written in place.
+    About 45 operators.
 
     The monitors keep their attributes (``detector.buffer`` is a row of :attr:`ring`, and so on)
     and read them at the boundary as before. Where one of them replaces a tensor (a new window,
