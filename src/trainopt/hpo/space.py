@@ -286,7 +286,8 @@ def check_space_unchanged(
         search_space.x: the study 'demo' has FloatDistribution(high=1.0, log=False, low=0.0,
             step=None), this config FloatDistribution(high=2.0, log=False, low=0.0, step=None);
             start a new study, or pass allow_space_change=True to go on
-        >>> check_space_unchanged(wider, study.trials, "demo", allow_change=True)  # goes on
+        >>> check_space_unchanged(wider, study.trials, "demo", allow_change=True) is None  # goes on
+        True
     """
     drawn = [t for t in trials if t.distributions]
     settled = [t for t in drawn if t.state in _SETTLED]

@@ -1,0 +1,3 @@
+"""Monitoring: loss and gradient-norm monitors on robust statistics, kept on the device."""
+
+__all__: list[str] = []
