@@ -116,6 +116,17 @@ def browser() -> Iterator[object]:
         chromium.close()
 
 
+def _request_failed(request: object, problems: list[str]) -> None:
+    """A failed request is a problem, unless the browser cancelled it (``net::ERR_ABORTED``).
+
+    Chromium aborts a request still in flight when the test moves on to the next page (the
+    favicon, most often); a missing file fails with an HTTP status, which the response hook
+    records, or with another ``net::`` error.
+    """
+    if "ERR_ABORTED" not in str(request.failure):
+        problems.append(f"request failed: {request.url} {request.failure}")
+
+
 def _open(browser: object, url: str, **context_args: object) -> tuple[object, object, list[str]]:
     context = browser.new_context(permissions=["clipboard-read", "clipboard-write"], **context_args)
     page = context.new_page()
@@ -125,7 +136,7 @@ def _open(browser: object, url: str, **context_args: object) -> tuple[object, ob
         lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
     )
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} {r.failure}"))
+    page.on("requestfailed", lambda r: _request_failed(r, problems))
     page.on(
         "response",
         lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None,
@@ -312,7 +323,7 @@ def _survey(browser: object, server: str, width: int, height: int, copies: bool)
         lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
     )
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} {r.failure}"))
+    page.on("requestfailed", lambda r: _request_failed(r, problems))
     page.on(
         "response",
         lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None,
