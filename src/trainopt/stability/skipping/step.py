@@ -72,7 +72,7 @@ class StepSnapshot:
     (:meth:`take`: one ``torch._foreach_copy_`` per device and dtype), and afterwards, where the
     step is skipped, chooses the copy (:meth:`restore_where`). Per device and dtype that is a copy
     of the new values into a scratch tensor, one ``torch.lerp`` per parameter group that
-    rescales its change (``lr_ratios``), one ``torch.where`` and one copy back: a handful of
+    rescales its change (``lr_ratios``), one choice of row and one copy back: a handful of
     operators instead of three per tensor, which is what a step costs on a CPU or in kernel
     launches. The choice itself is a row of ``index_select`` on ``(new, old)`` stacked, a copy at
     memory speed (a ``torch.where`` with a 0-d condition runs several times slower on a CPU), and
@@ -111,9 +111,8 @@ class StepSnapshot:
         step."""
         tensors = [*params, *state]
         ratios = [*ratios, *([None] * len(state))]
-        first: dict[
-            int, int
-        ] = {}  # which tensors share a ratio: the first index of each ratio object
+        # which tensors share a ratio: the first index of each ratio object
+        first: dict[int, int] = {}
         shared = tuple(
             -1 if r is None else first.setdefault(id(r), i) for i, r in enumerate(ratios)
         )
