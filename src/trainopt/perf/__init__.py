@@ -58,10 +58,11 @@ from trainopt.perf.throughput import (
     ThroughputMonitor,
     read_jsonl,
 )
-from trainopt.perf.traced_estimate import estimate_step_memory
+from trainopt.perf.traced_estimate import DataDependentShapeError, estimate_step_memory
 from trainopt.perf.updates import UpdateRatioMonitor
 
 __all__ = [
+    "DataDependentShapeError",
     "LoaderWait",  # profiling: the data-loader wait
     "LiveStorageTracker",
     "MatmulSettings",

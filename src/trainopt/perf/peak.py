@@ -58,14 +58,15 @@ class LiveStorageTracker(TorchDispatchMode):
         """Make the current bytes the peak, so that the next peak is of what follows."""
         self.peak = self.current
 
-    def _add(self, tensor: torch.Tensor) -> None:
+    def _add(self, tensor: torch.Tensor, size: int | None = None) -> None:
+        """Count ``tensor``'s storage once, as ``size`` bytes if given (else its own)."""
         if tensor.device.type != self.device_type:
             return
         storage = tensor.untyped_storage()
         key = id(storage)  # the storage's Python object lives exactly as long as the storage
         if key in self._live:
             return
-        size = storage.nbytes()
+        size = storage.nbytes() if size is None else size
         self._live.add(key)
         self.current += size
         self.peak = max(self.peak, self.current)

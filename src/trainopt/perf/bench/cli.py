@@ -312,7 +312,7 @@ def build_parser() -> ArgumentParser:
     )
 
     m = sub.add_parser(
-        "estimate", help="the memory estimate of five model families against the CPU peak"
+        "estimate", help="the memory estimate of 13 model families against the CPU peak"
     )
     m.add_argument(
         "--families",
