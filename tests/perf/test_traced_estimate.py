@@ -302,6 +302,7 @@ REFUSALS = {
         ),
         "aten._pack_padded_sequence.default",
         "Encoder",
+        "Encoder",
         "pass the lengths as a real integer tensor",
     ),
     "boolean mask of labels on meta": (
@@ -314,6 +315,7 @@ REFUSALS = {
         ),
         "aten.index.Tensor",
         "loss_fn",
+        None,
         "make the mask from real integer tensors",
     ),
     "boolean mask of activations": (
@@ -321,6 +323,7 @@ REFUSALS = {
         lambda model: estimate_step_memory(model, torch.randn(4, 8), loss_fn=torch.sum),
         "aten.index.Tensor",
         "1",
+        "Gated",
         "keep the shape fixed (ignore_index=, torch.where, a fixed capacity)",
     ),
     ".item() in forward": (
@@ -328,6 +331,7 @@ REFUSALS = {
         lambda model: estimate_step_memory(model, torch.randn(4, 8), loss_fn=torch.sum),
         "aten._local_scalar_dense.default",
         "1",
+        "Checked",
         "move the check out of forward",
     ),
     "sparse embedding": (
@@ -335,6 +339,7 @@ REFUSALS = {
         lambda model: estimate_step_memory(model, ids(4, 6), loss_fn=torch.sum, optimizer="sgd"),
         "aten.embedding_backward (Embedding, sparse=True)",
         "0",
+        "Embedding",
         "estimate with sparse=False",
     ),
 }
@@ -342,11 +347,12 @@ REFUSALS = {
 
 @pytest.mark.parametrize("case", list(REFUSALS))
 def test_a_data_dependent_shape_is_refused_with_one_error_naming_operator_and_module(case):
-    build, estimate, operation, where, advice = REFUSALS[case]
+    build, estimate, operation, where, module, advice = REFUSALS[case]
     with pytest.raises(DataDependentShapeError) as raised:
         estimate(build())
     error = raised.value
     assert (error.operation, error.where) == (operation, where)
-    assert str(error).startswith(f"estimate_step_memory: {operation} in {where}: ")
+    place = where if where == "loss_fn" else f"module {where!r} ({module})"
+    assert str(error).startswith(f"estimate_step_memory: {operation} in {place}: ")
     assert advice in str(error)
     assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)

@@ -248,10 +248,13 @@ _REFUSALS = {
 }
 
 
-def _refusal(kind: str, operation: str, where: str) -> DataDependentShapeError:
+def _refusal(
+    kind: str, operation: str, where: str, module: type | None = None
+) -> DataDependentShapeError:
     problem, advice = _REFUSALS[kind]
+    place = f"module {where!r} ({module.__name__})" if module is not None else where
     return DataDependentShapeError(
-        operation, where, f"estimate_step_memory: {operation} in {where}: {problem}; {advice}"
+        operation, where, f"estimate_step_memory: {operation} in {place}: {problem}; {advice}"
     )
 
 
@@ -259,7 +262,7 @@ def _refuse_sparse_embeddings(model: nn.Module) -> None:
     for name, module in model.named_modules():
         if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
             operation = f"aten.embedding_backward ({type(module).__name__}, sparse=True)"
-            raise _refusal("sparse", operation, name or type(model).__name__)
+            raise _refusal("sparse", operation, name or type(model).__name__, type(module))
 
 
 aten = torch.ops.aten
@@ -336,20 +339,21 @@ class _StepTracker(LiveStorageTracker):
         self._weights = {id(w) for w in weights}
         self.casts: dict[int, int] = {}
         self.names = names or {}
-        self.where: list[str] = []
+        self.where: list[tuple[str, type | None]] = []  # (qualified name, module type)
         self.warned: set[str] = set()
 
     def enter(self, module: nn.Module, *_: Any) -> None:
-        self.where.append(self.names.get(id(module), type(module).__name__))
+        self.where.append((self.names.get(id(module), type(module).__name__), type(module)))
 
     def leave(self, *_: Any) -> None:
         self.where.pop()
 
-    def location(self) -> str:
+    def location(self) -> tuple[str, type | None]:
+        """Where the running operator is: the innermost module, the loss or the backward."""
         if self.where:
             return self.where[-1]
         node = torch._C._current_autograd_node()
-        return f"backward ({node.name()})" if node is not None else "the step"
+        return (f"backward ({node.name()})" if node is not None else "the step"), None
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
@@ -359,21 +363,21 @@ class _StepTracker(LiveStorageTracker):
             out = self._run(func, args, kwargs)
         except DynamicOutputShapeException:
             kind = "pack" if func is aten._pack_padded_sequence.default else "shape"
-            raise _refusal(kind, str(func), self.location()) from None
+            raise _refusal(kind, str(func), *self.location()) from None
         except DataDependentOutputException:
-            raise _refusal("value", str(func), self.location()) from None
+            raise _refusal("value", str(func), *self.location()) from None
         if func in _WORKSPACE_OUTPUTS:
             index, train = _WORKSPACE_OUTPUTS[func]
             if args[train] and is_fake(out[index]) and out[index].numel() == 0:
                 self._add(out[index], _workspace_bytes(func, _signature(args)))
         for value in _tensors(out if isinstance(out, (tuple, list)) else [out]):
             if value.layout != torch.strided:
-                raise _refusal("sparse", f"{func} ({value.layout})", self.location())
+                raise _refusal("sparse", f"{func} ({value.layout})", *self.location())
             self._add(value)
         if func in _CUDNN_RNNS and args[_CUDNN_RNNS[func]] and func not in self.warned:
             self.warned.add(func)
             warnings.warn(
-                f"estimate_step_memory: {func} in {self.location()}: the reserve space the "
+                f"estimate_step_memory: {func} in {self.location()[0]}: the reserve space the "
                 "kernel keeps for backward is not counted (PyTorch's shape function reports "
                 "none), so the estimate of this step is a lower bound",
                 stacklevel=2,
@@ -609,7 +613,7 @@ def estimate_step_memory(
                 output = call_model(model, batch)
                 if keep_outputs:
                     held["output"] = output  # the last step's output is freed only now
-                tracker.where.append("loss_fn")
+                tracker.where.append(("loss_fn", None))
                 loss = model_loss(output, fake_targets, loss_fn)
                 tracker.where.pop()
                 if keep_outputs:
