@@ -315,15 +315,17 @@ def framework_logs(tmp_path_factory, one_thread) -> dict[str, Path]:
     """The logs of plain loops and of Lightning, by name: ``tutorial``, ``tutorial_two_runs``
     (a healthy run, then one at a learning rate far too high, in one ``runs/`` folder),
     ``tutorial_restart`` (a run whose weights turn NaN after step 100, restarted from its step-90
-    checkpoint into the same log folder), ``wandb``, ``wandb_bad_batch`` (one batch with a NaN at
-    step 120, skipped), ``wandb_restart``, ``lightning`` and ``lightning_growth`` (the gradient
-    grows 30 % a step from step 100)."""
+    checkpoint into the same log folder), ``wandb``, ``wandb_bad_batch`` and
+    ``wandb_early_bad_batch`` (one batch with a NaN at step 120, or 50, skipped),
+    ``wandb_restart``, ``lightning`` and ``lightning_growth`` (the gradient grows 30 % a step
+    from step 100)."""
     require("tensorboard", "test")
     root = tmp_path_factory.mktemp("frameworks")
     logs = {
         "tutorial": root / "tutorial" / "runs",
         "wandb": wandb_export(root / "wandb.csv"),
         "wandb_bad_batch": wandb_export(root / "wandb_bad_batch.csv", bad_batch=120),
+        "wandb_early_bad_batch": wandb_export(root / "wandb_early_bad_batch.csv", bad_batch=50),
         "wandb_restart": wandb_export(root / "wandb_restart.csv", restart_at=90),
     }
     tutorial_run(root / "tutorial" / "runs" / "a")

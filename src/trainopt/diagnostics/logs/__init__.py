@@ -53,8 +53,9 @@ def logs_in(folder: str | Path) -> list[tuple[str, list[Path]]]:
     (the ``Trainer``'s own and its checkpoints'), each Lightning ``metrics.csv``, and the
     TensorBoard event files (all of them: :func:`read_log` reads their newest run).
 
-    A file is as new as when it was last written; event files, as when their newest was started
-    (a ``Trainer``'s checkpoints, written during the run, are newer than its events).
+    A file is as new as when it was last written (two runs into one output folder: the newer
+    run's checkpoints are newer, whatever their numbers); event files, as when their newest was
+    started (a ``Trainer``'s checkpoints, written during the run, are newer than its events).
 
     Example:
         >>> import os, tempfile

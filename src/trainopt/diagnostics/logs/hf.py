@@ -21,7 +21,6 @@ its TensorBoard events (the ``args`` text): :func:`run_settings` reads ``max_gra
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any
@@ -31,57 +30,31 @@ from trainopt.diagnostics.logs.names import LogFormatError, normalize
 
 
 def trainer_states(folder: str | Path) -> list[Path]:
-    """Every ``trainer_state.json`` of a ``Trainer`` output folder (its own and its checkpoints'),
-    oldest first: by the time they were written, then by step.
+    """Every ``trainer_state.json`` of a ``Trainer`` output folder, by step: its checkpoints',
+    then its own (``trainer.save_state()`` writes it at the end).
 
-    Two runs can share an output folder, so the latest checkpoint by number may be an older
-    run's: the file written last is the newest run's.
-
-    Example:
-        >>> import os, tempfile
-        >>> from pathlib import Path
-        >>> from trainopt.diagnostics.logs.hf import trainer_states
-        >>> out = Path(tempfile.mkdtemp())
-        >>> for step, written in ((1000, 100.0), (500, 200.0)):  # a new run wrote checkpoint-500
-        ...     (out / f"checkpoint-{step}").mkdir()
-        ...     state = out / f"checkpoint-{step}" / "trainer_state.json"
-        ...     _ = state.write_text("{}")
-        ...     os.utime(state, (written, written))
-        >>> [p.parent.name for p in trainer_states(out)]
-        ['checkpoint-1000', 'checkpoint-500']
-    """
-    folder = Path(folder)
-    found = (
-        [(folder / "trainer_state.json", math.inf)]
-        if (folder / "trainer_state.json").is_file()
-        else []
-    )
-    found += [
-        (p, int(m[1]))
-        for p in folder.glob("checkpoint-*/trainer_state.json")
-        if (m := re.fullmatch(r"checkpoint-(\d+)", p.parent.name))
-    ]
-    return [p for p, _ in sorted(found, key=lambda item: (item[0].stat().st_mtime, item[1]))]
-
-
-def find_trainer_state(folder: str | Path) -> Path | None:
-    """The newest ``trainer_state.json`` of a ``Trainer`` output folder (see
-    :func:`trainer_states`), or None.
+    Two runs can share an output folder, so the highest checkpoint may be an older run's:
+    :func:`~trainopt.diagnostics.logs.logs_in` takes the one written last.
 
     Example:
         >>> import tempfile
         >>> from pathlib import Path
-        >>> from trainopt.diagnostics.logs.hf import find_trainer_state
+        >>> from trainopt.diagnostics.logs.hf import trainer_states
         >>> out = Path(tempfile.mkdtemp())
-        >>> (out / "checkpoint-500").mkdir()
-        >>> _ = (out / "checkpoint-500" / "trainer_state.json").write_text("{}")
-        >>> find_trainer_state(out).parent.name
-        'checkpoint-500'
-        >>> find_trainer_state(Path(tempfile.mkdtemp())) is None
-        True
+        >>> for step in (1000, 500):
+        ...     (out / f"checkpoint-{step}").mkdir()
+        ...     _ = (out / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+        >>> [p.parent.name for p in trainer_states(out)]
+        ['checkpoint-500', 'checkpoint-1000']
     """
-    states = trainer_states(folder)
-    return states[-1] if states else None
+    folder = Path(folder)
+    found = [
+        (int(m[1]), p)
+        for p in folder.glob("checkpoint-*/trainer_state.json")
+        if (m := re.fullmatch(r"checkpoint-(\d+)", p.parent.name))
+    ]
+    own = [folder / "trainer_state.json"] if (folder / "trainer_state.json").is_file() else []
+    return [p for _, p in sorted(found)] + own
 
 
 def args_settings(args: dict[str, Any]) -> dict[str, Any]:
