@@ -247,3 +247,15 @@ def test_every_trainopt_object_a_fix_names_exists() -> None:
             except ImportError:
                 module, _, name = dotted.rpartition(".")
                 assert hasattr(importlib.import_module(module), name), dotted
+
+
+@pytest.mark.parametrize("tau", [300, 1000])
+def test_one_nan_step_in_a_run_that_goes_on_is_its_only_finding(tau: float) -> None:
+    # 120 steps of this run alone read as slow convergence; the whole run is healthy
+    rng = random.Random(0)
+    records = [
+        {"step": t, "loss": 2.3 * math.exp(-t / tau) + 0.3 + rng.gauss(0, 0.02)}
+        for t in range(1000)
+    ]
+    records[120]["loss"] = math.nan
+    assert [(f.symptom, f.step) for f in diagnose(records)] == [("nan_inf", 120)]

@@ -136,3 +136,38 @@ def test_one_hard_batch_late_in_a_converged_run_is_not_a_gradient_explosion() ->
     assert diagnose(records) == []
     records[200]["grad_norm"] = 100.0  # a corrupt batch
     assert diagnose(records)[0].symptom == "gradient_explosion"
+
+
+def _growing(n: int = 300, start: int = 200, seed: int = 0) -> list[dict]:
+    """A healthy run whose gradient norm grows 30 % a step from step ``start`` on."""
+    rng = random.Random(seed)
+    return [
+        {
+            "step": t,
+            "loss": 2.3 * math.exp(-t / 40) + 0.05 + rng.gauss(0, 0.01),
+            "grad_norm": (1.0 + 0.1 * rng.random()) * 1.3 ** max(0, t - start),
+        }
+        for t in range(n)
+    ]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_gradient_norm_growing_30_percent_a_step_is_named_by_its_fifth_step(seed: int) -> None:
+    records = _growing(seed=seed)
+    named = next(t for t in range(200, 300) if diagnose(records[: t + 1]))
+    assert named <= 205, named
+    (found,) = diagnose(records[: named + 1])
+    assert found.symptom == "gradient_explosion" and 199 <= found.step <= 201
+    assert diagnose(records)[0].step == found.step  # the whole run says the same
+    assert diagnose(records[:200]) == []
+
+
+@pytest.mark.parametrize("times", [25, 50, 100])
+def test_a_loss_that_stays_far_above_its_start_is_not_said_to_be_back(times: int) -> None:
+    rng = random.Random(times)
+    loss = [2.3 - 0.01 * t for t in range(50)] + [1e4] * 5
+    loss += [2.3 * times * math.exp(rng.gauss(0, 1.0)) for _ in range(245)]
+    findings = diagnose([{"step": t, "loss": v} for t, v in enumerate(loss)])
+    assert [f.symptom for f in findings] == ["loss_explosion"]
+    assert "is back under" not in findings[0].evidence
+    assert "never came back under 4.6" in findings[0].evidence

@@ -8,15 +8,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
-from extras import require
 
 from trainopt.diagnostics import diagnose, generate_run
 from trainopt.diagnostics.logs import canonical_name, log_format, read_log
@@ -24,88 +21,13 @@ from trainopt_site.diagnostics.generate import FITTING
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "guides" / "troubleshooting.md"
-VOCAB, SEQ = 32, 16
+VOCAB = 32
 TRAINER_FITS = {
     "healthy": frozenset(),
     "lr_too_high": FITTING["lr_too_high"],
     "nan_weight": FITTING["nan_sample"],
     "lr_too_low": FITTING["lr_too_low"],
 }
-
-
-def _trainer_run(cause: str, out: Path) -> Path:
-    """A tiny GPT-2 (2 layers, width 32) learning counting sequences with the Trainer, 100 steps on
-    a CPU."""
-    from transformers import (
-        GPT2Config,
-        GPT2LMHeadModel,
-        Trainer,
-        TrainerCallback,
-        TrainingArguments,
-    )
-
-    class PoisonWeight(TrainerCallback):  # a weight turns NaN at step 50, as after an overflow
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step == 50:
-                with torch.no_grad():
-                    model.transformer.wte.weight[0, 0] = math.nan
-
-    g = torch.Generator().manual_seed(0)
-    start, stride = (
-        torch.randint(0, VOCAB, (1024, 1), generator=g),
-        torch.randint(1, 3, (1024, 1), generator=g),
-    )
-    ids = (start + stride * torch.arange(SEQ)) % VOCAB
-    data = [{"input_ids": row, "labels": row} for row in ids]
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(
-        GPT2Config(
-            n_layer=2,
-            n_embd=32,
-            n_head=2,
-            vocab_size=VOCAB,
-            n_positions=SEQ,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-    )
-    lr = {"healthy": 3e-3, "lr_too_high": 1.0, "nan_weight": 3e-3, "lr_too_low": 1e-6}[cause]
-    args = TrainingArguments(
-        str(out),
-        max_steps=100,
-        per_device_train_batch_size=8,
-        learning_rate=lr,
-        lr_scheduler_type="constant",
-        logging_steps=1,
-        report_to=["tensorboard"],
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-        seed=0,
-        log_level="error",
-    )
-    trainer = Trainer(
-        model=model,
-        args=args,
-        train_dataset=data,
-        callbacks=[PoisonWeight()] if cause == "nan_weight" else [],
-    )
-    trainer.train()
-    trainer.save_state()
-    return out
-
-
-@pytest.fixture(scope="module")
-def trainer_runs(tmp_path_factory) -> dict[str, Path]:
-    require("transformers", "hf")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return {
-            cause: _trainer_run(cause, tmp_path_factory.mktemp(cause)) for cause in TRAINER_FITS
-        }
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _first(findings) -> str | None:
@@ -119,8 +41,9 @@ def test_a_trainer_state_json_gets_the_finding_of_its_fault(trainer_runs, cause)
         log_format(out) == "trainer_state"
         and log_format(out / "trainer_state.json") == "trainer_state"
     )
-    records = read_log(out)
-    assert len(records) == 100 and {"loss", "lr", "grad_norm", "step"} <= records[0].keys()
+    log = read_log(out)
+    assert log.files == (out / "trainer_state.json",)
+    assert len(log.records) == 100 and {"loss", "lr", "grad_norm", "step"} <= log.records[0].keys()
     findings = diagnose(out / "trainer_state.json", classes=VOCAB)
     if cause == "healthy":
         assert findings == []
@@ -220,6 +143,21 @@ def test_common_column_names_are_the_schemas():
         "trainer/global_step": "step",
         "eval/loss": "eval/loss",
         "val_loss": "val_loss",
+        "Loss/train": "loss",  # PyTorch's TensorBoard tutorial
+        "GradNorm/train": "grad_norm",
+        "Loss/test": "loss/test",
+        "grad_2.0_norm_total": "grad_norm",  # Lightning's grad_norm(), LearningRateMonitor
+        "grad_inf_norm_total": "grad_norm",
+        "grad_2.0_norm/layer.weight": "grad_2.0_norm/layer.weight",
+        "lr-AdamW": "lr",
+        "lr-SGD/pg1": "lr",
+        "lr-SGD/pg2": "lr-sgd/pg2",
+        "train_loss_epoch": "train_loss_epoch",
+        "train/train_loss": "train/train_loss",  # the Trainer's end-of-run summary
+        "train/train_runtime": "train/train_runtime",
+        "_step": "step",  # W&B's export
+        "train/global_step": "step",
+        "_timestamp": "wall_time",
     }
     assert {name: canonical_name(name) for name in names} == names
 
@@ -238,7 +176,7 @@ def test_evaluation_and_summary_entries_are_not_steps(tmp_path):
             }
         )
     )
-    assert [(r["step"], r["loss"]) for r in read_log(state)] == [(10, 2.3), (20, 2.1)]
+    assert [(r["step"], r["loss"]) for r in read_log(state).records] == [(10, 2.3), (20, 2.1)]
 
 
 def _command(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -272,7 +210,7 @@ def test_a_missing_file_is_one_line_and_exit_status_2_without_a_traceback():
             ["{tmp}/metrics.csv"],
             "error: loss: no column is a training loss; name it loss, train/loss or train_loss",
         ),
-        (["{tmp}"], "error: path: "),
+        (["{tmp}/empty"], "error: path: "),
     ],
 )
 def test_a_mistake_names_its_field_in_one_line(tmp_path, monkeypatch, args, line):
@@ -280,6 +218,7 @@ def test_a_mistake_names_its_field_in_one_line(tmp_path, monkeypatch, args, line
     from trainopt.diagnostics.cli import main
 
     (tmp_path / "metrics.csv").write_text("step,score\n0,1.0\n")
+    (tmp_path / "empty").mkdir()
     monkeypatch.chdir(ROOT)
     err = io.StringIO()
     assert run_command(main, [a.format(tmp=tmp_path) for a in args], stderr=err) == 2
@@ -328,3 +267,13 @@ def test_the_pages_command_prints_the_finding_the_page_shows(tmp_path):
     printed, expected = lines(result.stdout.splitlines()), lines(shown)
     assert len(expected) >= 3
     assert [_masked(x) for x in printed[: len(expected)]] == [_masked(x) for x in expected]
+
+
+def test_rows_of_one_step_are_taken_in_the_order_of_their_wall_time():
+    from trainopt.diagnostics.logs import normalize
+
+    rows = [
+        {"_step": 1, "_timestamp": 20.0, "train/global_step": 5, "train/loss": 1.0},
+        {"_step": 0, "_timestamp": 10.0, "train/global_step": 5, "train/loss": 9.0},
+    ]
+    assert [(r["step"], r["loss"]) for r in normalize(rows)] == [(5, 1.0)]

@@ -10,6 +10,7 @@ the learning rate, so a test can hold that no diagnosis advises both ways.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 GUIDE = "guides/troubleshooting.md"
@@ -34,7 +35,8 @@ class Advice(NamedTuple):
     lr: str | None
 
 
-_CLIP = "trainopt.stability.clip_gradients(model, max_norm=1.0)"
+CLIP = "clip with trainopt.stability.clip_gradients(model, max_norm=1.0)"
+"""The clause of a fix that clips gradients, for a run that doesn't (:func:`fit_to_clipping`)."""
 _ROLL_BACK = "trainopt.stability.TrainingRecovery"
 
 ADVICE: dict[str, Advice] = {
@@ -51,15 +53,15 @@ ADVICE: dict[str, Advice] = {
     ),
     "loss_explosion": Advice(
         "one or a few updates far too large: a learning-rate spike, a bad batch, no clipping",
-        f"clip with {_CLIP}, lower the peak learning rate, and roll back with {_ROLL_BACK} "
+        f"{CLIP}, lower the peak learning rate, and roll back with {_ROLL_BACK} "
         "(its skip_batches skips the data around the spike)",
         f"{GUIDE}#loss-explosion",
         "lower",
     ),
     "gradient_explosion": Advice(
         "outlier batches or an unstable layer produce gradients many times their usual size",
-        "clip by global norm (trainopt.stability.clip_gradients) or adaptively "
-        "(trainopt.stability.ZScoreClipper) and check the data of the flagged steps",
+        f"{CLIP}, or clip adaptively (trainopt.stability.ZScoreClipper), and check the data of "
+        "the flagged steps",
         f"{GUIDE}#gradient-explosion",
         None,
     ),
@@ -124,7 +126,7 @@ ADVICE: dict[str, Advice] = {
 _EARLY_FIX = (
     "lower the learning rate about tenfold (trainopt.schedules.LearningRateFinder finds the edge), "
     "warm up to it with trainopt.schedules.cosine_annealing_schedule(optimizer, total_steps, "
-    f"warmup_steps), and clip with {_CLIP}"
+    f"warmup_steps), and {CLIP}"
 )
 
 EARLY: dict[str, Advice] = {
@@ -146,27 +148,27 @@ EARLY: dict[str, Advice] = {
 """The advice for an explosion in the first steps, before the run could meet a bad batch."""
 
 _RESTART = (
-    f"restart from a checkpoint saved before the blow-up ({_ROLL_BACK}) with a lower learning rate "
-    f"and clipping ({_CLIP})"
+    f"restart from a checkpoint saved before the blow-up ({_ROLL_BACK}) with a lower learning "
+    f"rate, and {CLIP}"
 )
 
 AFTER_BLOW_UP: dict[str, Advice] = {
     "nan_inf": Advice(
         "the {blow_up} kept growing until the values overflowed",
-        f"fix the blow-up first: lower the learning rate and clip ({_CLIP}); skipping the "
+        f"fix the blow-up first: lower the learning rate and {CLIP}; skipping the "
         "non-finite steps would only hide it",
         f"{GUIDE}#nan-or-inf",
         "lower",
     ),
     "loss_explosion": Advice(
         "the {blow_up} made updates far too large, and they damaged the weights",
-        f"clip ({_CLIP}), lower the learning rate, and roll back with {_ROLL_BACK}",
+        f"{CLIP}, lower the learning rate, and roll back with {_ROLL_BACK}",
         f"{GUIDE}#loss-explosion",
         "lower",
     ),
     "gradient_explosion": Advice(
         "the {blow_up}: the gradients grow with the loss",
-        f"fix the blow-up first: lower the learning rate and clip ({_CLIP})",
+        f"fix the blow-up first: lower the learning rate and {CLIP}",
         f"{GUIDE}#gradient-explosion",
         "lower",
     ),
@@ -242,3 +244,42 @@ def advice(
     if early and symptom in EARLY:
         return EARLY[symptom]
     return ADVICE[symptom]
+
+
+CLIPPED = (
+    "keep clipping at max_norm={norm:g} (the run already clips there; it caps a step, not its "
+    "cause)"
+)
+"""The clause that stands for :data:`CLIP` in a run that already clips at ``max_norm`` <= 1."""
+
+CLIPPED_GRADIENT_FIX = (
+    "the run already clips at max_norm={norm:g}, so these steps were capped: check the data of the "
+    "flagged steps, clip adaptively (trainopt.stability.ZScoreClipper) to leave outliers out, and "
+    "lower the learning rate if the norm keeps growing"
+)
+"""The fix of a gradient explosion on its own, in a run that already clips at ``max_norm`` <= 1."""
+
+
+def fit_to_clipping(fix: str, max_grad_norm: float | None) -> str:
+    """``fix`` for a run that clips its gradients at ``max_grad_norm`` (None: not known; 0: none).
+
+    A fix that says to clip at 1.0 (:data:`CLIP`) says to keep the clipping of a run that
+    already clips at 1.0 or less, and to clip tighter in a run that clips at more.
+
+    Example:
+        >>> from trainopt.diagnostics.advice import ADVICE, fit_to_clipping
+        >>> fix = ADVICE["loss_explosion"].fix
+        >>> fit_to_clipping(fix, None) == fit_to_clipping(fix, 0.0) == fix
+        True
+        >>> fit_to_clipping(fix, 1.0).split(";")[0]
+        'keep clipping at max_norm=1 (the run already clips there'
+        >>> "tighter than the run's max_grad_norm=5" in fit_to_clipping(fix, 5.0)
+        True
+    """
+    if not max_grad_norm or not math.isfinite(max_grad_norm) or CLIP not in fix:
+        return fix
+    if max_grad_norm > 1.0:
+        return fix.replace(CLIP, f"{CLIP}, tighter than the run's max_grad_norm={max_grad_norm:g}")
+    if fix == ADVICE["gradient_explosion"].fix:
+        return CLIPPED_GRADIENT_FIX.format(norm=max_grad_norm)
+    return fix.replace(CLIP, CLIPPED.format(norm=max_grad_norm))

@@ -2,9 +2,10 @@
 
 ``PATH`` is a Hugging Face ``trainer_state.json`` or ``Trainer`` output folder, TensorBoard event
 files or their folder, or a CSV or JSON Lines file with named columns
-(:func:`trainopt.diagnostics.logs.read_log`). The command prints what it read, then each finding
-(:func:`~trainopt.diagnostics.diagnose`), root cause first, with its cause and fix; or that it
-found nothing. It exits 0 either way; a mistake (no such file, a log it can't read, a bad
+(:func:`trainopt.diagnostics.logs.read_log`). The command prints the file it read (for a folder,
+the newest log in it, and which others it holds), the run's settings the log carries, then each
+finding (:func:`~trainopt.diagnostics.diagnose`), root cause first, with its cause and fix; or
+that it found nothing. It exits 0 either way; a mistake (no such file, a log it can't read, a bad
 option) is one line ``error: <field>: <what is allowed>`` and exit status 2.
 """
 
@@ -64,24 +65,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> _ = state.write_text(json.dumps({"log_history": history}))
         >>> with contextlib.redirect_stdout(io.StringIO()) as printed:
         ...     code = main([str(state)])
-        >>> code, printed.getvalue().splitlines()[1].split(":")[0]
-        (0, 'gradient_explosion (from step 60)')
+        >>> lines = printed.getvalue().splitlines()
+        >>> code, lines[0].startswith(f"{state}: trainer_state log"), lines[1].split(":")[0]
+        (0, True, 'gradient_explosion (from step 60)')
     """
-    from trainopt.diagnostics.logs import log_format, read_log
+    from trainopt.diagnostics.logs import read_log
 
     args = build_parser().parse_args(argv)
     if args.initial_loss is not None and not math.isfinite(args.initial_loss):
         raise UsageError("--initial-loss", f"must be a finite number, got {args.initial_loss}")
     if args.classes == 1:
         raise UsageError("--classes", "must be at least 2")
-    records = read_log(args.path)
+    log = read_log(args.path)
+    records = log.records
     columns = [c for c in ("loss", "grad_norm", "lr") if any(c in r for r in records)]
     steps = f"steps {records[0]['step']}-{records[-1]['step']}" if records else "no steps"
     print(
-        f"{args.path}: {log_format(args.path)} log, {len(records)} records "
+        f"{', '.join(str(f) for f in log.files)}: {log.format} log, {len(records)} records "
         f"({steps}; {', '.join(columns)})"
     )
-    findings = diagnose(records, classes=args.classes, initial_loss=args.initial_loss)
+    if log.others:
+        shown = ", ".join(str(f) for f in log.others[-3:])
+        print(
+            f"  the newest of {len(log.others) + 1} logs in {args.path}; not read: "
+            f"{'..., ' if len(log.others) > 3 else ''}{shown}"
+        )
+    if log.settings:
+        print(f"  settings: {', '.join(f'{k}={v:g}' for k, v in log.settings.items())}")
+    findings = diagnose(log, classes=args.classes, initial_loss=args.initial_loss)
     for finding in findings:
         print(finding)
     if not findings:

@@ -74,7 +74,10 @@ def loss_dynamics(
 
     second = loss[n // 2 :]
     spread = float(np.subtract(*np.percentile(second - rolling_median(second, 9), [75, 25])))
-    if spread > opts["oscillation_fraction"] * scale:
+    # A swing is a problem when the loss no longer improves: one still falling by more than it
+    # swings over the second half (a log read early, batches that are noisy) is on its way.
+    falling = float(levels[len(levels) // 2] - levels[-1]) > spread
+    if spread > opts["oscillation_fraction"] * scale and not falling:
         findings.append(
             finding(
                 "oscillating",
@@ -94,7 +97,10 @@ def loss_dynamics(
     flat = recent_drop <= 4 * level_noise
     if best_before is None:
         decelerated = early_drop > 20 * level_noise and recent_drop < 0.5 * early_drop
-        if progress >= opts["min_progress"] or decelerated:
+        # A run that, at the pace of its second half, removes min_progress of its start within
+        # half as many steps again is on its way (a log read midway, a loss speeding up).
+        on_its_way = progress + recent_drop / max(abs(start), 1e-12) >= opts["min_progress"]
+        if progress >= opts["min_progress"] or decelerated or on_its_way:
             return findings
         if flat:
             change = f"{progress:.1%} lower" if progress >= 0 else f"{-progress:.1%} higher"

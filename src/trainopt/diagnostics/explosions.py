@@ -99,7 +99,10 @@ def loss_explosion(
     ratio = opts["loss_spike_ratio"]
     kind = "classes" if classes is not None else "given" if given else "first"
     reference = float(loss[0]) if expected is None else float(expected)
-    scale = max(abs(reference), 10 * noise(loss), 1e-12)
+    # The noise that sets the scale is that of the steps that did not pass (1 + ratio) times the
+    # reference: a blown-up loss's would raise the scale, and with it the level it is back under.
+    calm = loss[loss <= reference + ratio * abs(reference)]
+    scale = max(abs(reference), 10 * noise(calm) if len(calm) >= 10 else 0.0, 1e-12)
     absolute = reference + ratio * scale
     crossed = [
         t for t in range(1, n) if loss[t] > absolute and np.median(loss[t : t + 3]) > absolute
@@ -160,6 +163,57 @@ def loss_explosion(
     )
 
 
+GROWTH_STEPS = 4
+"""A gradient norm that rises this many steps in a row, fast and clear of its noise, to
+``grad_growth_ratio`` times its median before, is growing out of control: each update makes the
+next gradient larger."""
+
+
+def growth(grad: np.ndarray, window: int, ratio: float) -> tuple[int, int, float] | None:
+    """The first climb of the gradient norm out of its noise: :data:`GROWTH_STEPS` steps in a row
+    that each rise, each above the largest norm of the ``window`` steps before the climb, that
+    together multiply the norm by at least ``sqrt(ratio)``, and end at ``ratio`` times the median
+    of that window.
+
+    A converged model's gradient norm is noisy: it can rise four steps in a row from a low to
+    three times its median, but not past the largest of its recent values, and not steadily.
+
+    Returns:
+        ``(start, t, level)``: the index where the climb began, the index where it passed
+        ``ratio`` times ``level``, and ``level``, the median before; or None.
+
+    Example:
+        >>> import numpy as np
+        >>> from trainopt.diagnostics.explosions import growth
+        >>> grad = np.r_[np.ones(50), 1.3 ** np.arange(1, 20)]  # 30 % a step from index 50
+        >>> growth(grad, window=15, ratio=3.0)
+        (50, 54, 1.0)
+        >>> noisy = np.random.default_rng(0).lognormal(0.0, 0.7, size=300)
+        >>> growth(noisy, window=15, ratio=3.0) is None
+        True
+    """
+    rising = np.r_[False, grad[1:] > grad[:-1]]
+    for t in range(window + GROWTH_STEPS, len(grad)):
+        climb = grad[t - GROWTH_STEPS + 1 : t + 1]
+        if not rising[t - GROWTH_STEPS + 1 : t + 1].all():
+            continue
+        start = t
+        while start > 1 and rising[start]:  # back to the first step of the climb
+            start -= 1
+        start += 1
+        if start < window:
+            continue
+        before = grad[start - window : start]
+        level = float(np.median(before))
+        if (
+            grad[t] > ratio * max(level, 1e-12)
+            and (climb > np.max(before)).all()
+            and grad[t] >= math.sqrt(ratio) * grad[t - GROWTH_STEPS]
+        ):
+            return start, t, level
+    return None
+
+
 def gradient_explosion(
     grad: np.ndarray, steps: np.ndarray, opts: dict[str, float]
 ) -> Finding | None:
@@ -194,6 +248,20 @@ def gradient_explosion(
         if grad[t] > ratio * float(np.median(grad[:t]))
     ]
     found = early + late
+    growing = growth(grad, window, opts["grad_growth_ratio"])
+    if growing is not None and (not found or growing[1] < found[0]):
+        start, t, level = growing
+        return finding(
+            "gradient_explosion",
+            steps[start],
+            (
+                f"the gradient norm grew step after step from {level:.4g} (its median before) to "
+                f"{grad[t]:.4g} at step {steps[t]}, {grad[t] / level:.1f}x in {t - start + 1} "
+                f"steps; the largest {np.max(grad[t:]):.4g} at step "
+                f"{steps[t + int(np.argmax(grad[t:]))]}"
+            ),
+            early=steps[start] < opts["early_steps"],
+        )
     if found:
         t = found[0]
         level = float(np.median(grad[:t] if t < window else grad[t - window : t]))
@@ -223,31 +291,33 @@ def gradient_explosion(
 def overflowed(
     loss: np.ndarray | None,
     grad: np.ndarray | None,
-    bad: int,
     opts: dict[str, float],
     expected: float | None = None,
 ) -> bool:
     """Whether the steps just before the first non-finite one were exploding (an overflow, not bad
     data).
 
+    Args:
+        loss: The losses logged before the first non-finite step (None: not logged).
+        grad: The gradient norms logged before it.
+        opts: Thresholds (see :data:`trainopt.diagnostics.symptoms.DEFAULTS`).
+        expected: The loss a fresh model should start at; None takes the first one.
+
     Example:
         >>> import numpy as np
         >>> from trainopt.diagnostics.explosions import overflowed
         >>> from trainopt.diagnostics.symptoms import DEFAULTS
-        >>> overflowed(np.array([2.3, 50.0, 4e4, 3e9, np.nan]), None, 4, DEFAULTS)
+        >>> overflowed(np.array([2.3, 50.0, 4e4, 3e9]), None, DEFAULTS)
         True
-        >>> overflowed(np.array([2.3, 2.1, 1.9, 1.8, np.nan]), None, 4, DEFAULTS)
+        >>> overflowed(np.array([2.3, 2.1, 1.9, 1.8]), None, DEFAULTS)
         False
     """
-    if bad < 2:
-        return False
-    last = slice(max(1, bad - 3), bad)
-    if loss is not None and np.isfinite(loss[:bad]).all():
+    if loss is not None and len(loss) >= 2:
         reference = float(loss[0]) if expected is None else expected
-        if np.median(loss[last]) > reference + opts["loss_spike_ratio"] * max(
-            abs(reference), 1e-12
-        ):
+        last = loss[max(1, len(loss) - 3) :]
+        if np.median(last) > reference + opts["loss_spike_ratio"] * max(abs(reference), 1e-12):
             return True
-    if grad is not None and np.isfinite(grad[:bad]).all():
-        return bool(np.median(grad[last]) > opts["grad_spike_ratio"] * max(float(grad[0]), 1e-12))
+    if grad is not None and len(grad) >= 2:
+        last = grad[max(1, len(grad) - 3) :]
+        return bool(np.median(last) > opts["grad_spike_ratio"] * max(float(grad[0]), 1e-12))
     return False
