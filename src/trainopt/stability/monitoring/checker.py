@@ -426,6 +426,7 @@ class _JointStep:
         )
         self.value = torch.full((2,), math.nan, device=device)
         self.nans = torch.full((2,), math.nan, device=device)
+        self.zeros = torch.zeros(2, device=device)
         self.score = torch.stack(
             [detector.last_z.to(device).float(), torch.full((), math.nan, device=device)]
         )
@@ -473,9 +474,12 @@ class _JointStep:
             self.bind(checker, device)
         norm = grads.measure()
         checker.last_grad_norm = norm
-        monitor.last_loss = loss.detach().float().reshape(())
-        pair = torch.stack([monitor.last_loss, norm])
-        torch.where(torch.isfinite(pair), pair, self.nans, out=self.value)
+        if loss.dtype != torch.float32 or loss.dim() != 0 or loss.requires_grad:
+            loss = loss.detach().float().reshape(())
+        monitor.last_loss = loss
+        pair = torch.stack([loss, norm])
+        # x + x * 0: x where finite, NaN where inf or NaN (inf * 0 is NaN), in one operator
+        torch.addcmul(pair, pair, self.zeros, out=self.value)
         torch.ne(self.value, self.value, out=self.nonfinite)  # NaN != NaN
         steps, size = checker.steps, self.ring.shape[1]
         if steps >= detector.min_history:
@@ -486,8 +490,8 @@ class _JointStep:
             self.score.fill_(math.nan)
             self.over.zero_()
         flag = (self.over | self.nonfinite).any()
-        self.ring[:, steps % size] = torch.where(self.over, math.nan, self.value)
-        self.recent[:, steps % size] = self.value
+        torch.where(self.over, self.nans, self.value, out=self.ring[:, steps % size])
+        self.recent[:, steps % size].copy_(self.value)
         if steps < checker.first.numel():
             checker.first[steps] = self.value[0]
             checker.first_grads[steps] = self.value[1]

@@ -159,6 +159,11 @@ class GradientMonitor:
             )
             for group in self.groups
         ]
+        if len(group_grads) == 1:
+            # one group: its norm is the global one, computed as clip_grad_norm_ computes it
+            self.grad_norm = group_grads[0]
+            self.group_grad_norms = self.grad_norm.view(1)
+            return self.grad_norm
         self.group_grad_norms = torch.stack(group_grads)
         self.grad_norm = torch.linalg.vector_norm(self.group_grad_norms)
         return self.grad_norm

@@ -244,7 +244,9 @@ def _watch_new_state(
     optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
 ) -> dict[Any, _FirstAssignments]:
     """Replace each empty state dict by one that records first assignments."""
-    watched = {}
+    watched: dict[Any, _FirstAssignments] = {}
+    if len(optimizer.state) >= len(params) and all(optimizer.state.get(p) for p in params):
+        return watched  # every parameter has its state: nothing this step creates
     for p in params:
         if not optimizer.state.get(p):
             watched[p] = optimizer.state[p] = _FirstAssignments()
@@ -256,6 +258,8 @@ def _reset_new_state(
     optimizer: torch.optim.Optimizer, watched: dict[Any, _FirstAssignments], masks: _Masks
 ) -> None:
     """Where skipped, give state created by this step its initial value; plain dicts again."""
+    if not watched:
+        return
     overrides = _INITIAL_VALUE.get(type(optimizer), {})
     _unwatch(optimizer, watched)
     for p, state in watched.items():
@@ -334,11 +338,10 @@ def masked_step(
     masks = _Masks(found_inf)
     params = _params_with_grad(optimizer)
     ratios = _ratios_by_param(optimizer, lr_ratios) if lr_ratios else {}
+    states = [optimizer.state.get(p, {}) for p in params]
+    entries = sum(map(len, states))
     state = [
-        (p, k, v)
-        for p in params
-        for k, v in optimizer.state.get(p, {}).items()
-        if torch.is_tensor(v)
+        (p, k, v) for p, st in zip(params, states) for k, v in st.items() if torch.is_tensor(v)
     ]
     snapshot = snapshot if snapshot is not None else StepSnapshot()
     snapshot.take(params, [v for _, _, v in state], [ratios.get(p) for p in params])
@@ -350,13 +353,14 @@ def masked_step(
         raise
     now = [optimizer.state[p].get(k) for p, k, _ in state]
     snapshot.restore_where(masks, now)
-    known = {(id(p), k) for p, k, _ in state}
-    for p in params:  # a key this step added to existing state: zeros where skipped
-        if p in watched:
-            continue
-        for key, value in optimizer.state[p].items():
-            if torch.is_tensor(value) and (id(p), key) not in known:
-                torch.where(masks(value), torch.zeros_like(value), value, out=value)
+    if watched or sum(len(optimizer.state[p]) for p in params) != entries:
+        known = {(id(p), k) for p, k, _ in state}
+        for p in params:  # a key this step added to existing state: zeros where skipped
+            if p in watched:
+                continue
+            for key, value in optimizer.state[p].items():
+                if torch.is_tensor(value) and (id(p), key) not in known:
+                    torch.where(masks(value), torch.zeros_like(value), value, out=value)
     _reset_new_state(optimizer, watched, masks)
     return result
 
@@ -413,5 +417,6 @@ def fused_step(
         del optimizer.found_inf  # type: ignore[attr-defined]
         if grad_scale is not None:
             del optimizer.grad_scale  # type: ignore[attr-defined]
-    _reset_new_state(optimizer, watched, _Masks(found_inf))
+    if watched:
+        _reset_new_state(optimizer, watched, _Masks(found_inf))
     return result
