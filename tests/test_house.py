@@ -84,6 +84,7 @@ PAGES = {
     ),  # the recorder of its runs, its figures and tables
     "concepts/optimization.md": ("trainopt.concepts", "trainopt_site.concepts"),  # the figures
     "advanced/performance/index.md": (),
+    "advanced/scale/index.md": (),
     "advanced/performance/compilation.md": ("trainopt.perf", "trainopt_site.perf"),
     "advanced/performance/mixed-precision.md": (
         "trainopt.perf",
