@@ -77,7 +77,10 @@ MUTATIONS = [
         "stability/skipping/step.py",
         "            initial = overrides[key](value) if key in overrides else state.initial[key]",
         "            initial = torch.zeros_like(value)",
-        ("tests/stability/test_skip.py",),
+        (
+            "tests/stability/test_skip.py::test_a_skipped_step_then_clean_steps_equals_the_clean_"
+            "steps_of_plain_torch[ASGD() [foreach=False]-first step]",
+        ),
     ),
     Mutation(
         "the speed-up is inverted (baseline over candidate)",
@@ -91,7 +94,10 @@ MUTATIONS = [
         "stability/core.py",
         "        found_inf = skip.to(torch.float32)\n",
         "        found_inf = skip.to(torch.float32)\n        _ = bool(found_inf)\n",
-        ("tests/stability/test_sync_free.py",),
+        (
+            "tests/stability/test_sync_free.py::test_fifty_steady_state_steps_of_each_configuration_"
+            "make_no_host_sync[GPT, bf16 autocast, cosine LambdaLR]",
+        ),
     ),
     Mutation(
         "a rollback does not reopen the schedule window (its first window runs at the uncut rate)",
@@ -101,7 +107,7 @@ MUTATIONS = [
         "        self.window_start = self.steps\n        logger.warning(",
         (
             "tests/stability/test_rollback_path.py::test_after_a_rollback_each_step_runs_at_lr_factor_times_"
-            "the_schedule_at_the_restored_position",
+            "the_schedule_at_the_restored_position[stabilizer]",
         ),
     ),
     Mutation(
@@ -111,7 +117,7 @@ MUTATIONS = [
         "        return True or (",
         (
             "tests/stability/test_rollback_path.py::test_a_window_with_two_flagged_steps_in_a_row_is_no_"
-            "rollback_target",
+            "rollback_target[stabilizer]",
         ),
     ),
     Mutation(
@@ -133,14 +139,20 @@ MUTATIONS = [
         "stability/checkpointing/loader.py",
         "        self.generator.manual_seed(_epoch_seed(self.seed, self.epoch) ^ 0x5EED)\n",
         "        self.generator = None  # DataLoader draws from the global generator\n",
-        ("tests/stability/test_data_resume.py",),
+        (
+            "tests/stability/test_data_resume.py"
+            "::test_a_resumed_run_with_dropout_equals_the_uninterrupted_run_bitwise[0-False]",
+        ),
     ),
     Mutation(
         "the resumable loader's position counts the batches its workers fetched",
         "stability/checkpointing/loader.py",
         '"epoch": self.epoch, "position": self.consumed}',
         '"epoch": self.epoch, "position": self.batch_sampler.position}',
-        ("tests/stability/test_data_resume.py",),
+        (
+            "tests/stability/test_data_resume.py"
+            "::test_a_resumed_run_with_dropout_equals_the_uninterrupted_run_bitwise[2-False]",
+        ),
     ),
     Mutation(
         "the checkpoint written before the first step holds the position after the first batch",
@@ -157,14 +169,20 @@ MUTATIONS = [
         "stability/checkpointing/loader.py",
         '        if kwargs.get("num_workers", 0) > 0:\n',
         "        if False:\n",
-        ("tests/stability/test_data_resume.py",),
+        (
+            "tests/stability/test_data_resume.py"
+            "::test_random_draws_in_getitem_resume_bitwise_mid_epoch[2-False]",
+        ),
     ),
     Mutation(
         "an averaged model counts a skipped update",
         "stability/skipping/averaging.py",
         "    count.copy_(torch.where(keep(count.device), count, count + 1))",
         "    count.add_(1)",
-        ("tests/stability/test_averaging.py",),
+        (
+            "tests/stability/test_averaging.py"
+            "::test_an_applied_update_is_torchs_and_a_skipped_one_changes_nothing[running mean]",
+        ),
     ),
 ]
 
