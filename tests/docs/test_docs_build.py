@@ -33,7 +33,11 @@ def test_every_page_has_description_and_it_becomes_the_meta_description(built_si
 
 def test_landing_grids_render_as_cards_linking_to_their_pages(built_site: Path) -> None:
     expected = {
-        "index.md": ["guides/training-optimization/index.html", "advanced/performance/index.html"],
+        "index.md": [
+            "guides/training-optimization/index.html",
+            "advanced/performance/index.html",
+            "advanced/scale/index.html",
+        ],
         "guides/training-optimization/index.md": [
             "learning-rate-scheduling.html",
             "training-stability.html",
