@@ -88,6 +88,7 @@ PAGES = {
     "advanced/scale/compile-at-scale.md": (),
     "advanced/scale/long-sequences-and-memory.md": ("trainopt.perf",),
     "advanced/scale/loss-spikes-and-optimizers.md": (),
+    "advanced/scale/parallel-layouts-and-debugging.md": (),
     "advanced/scale/throughput-and-profiling.md": (),
     "advanced/performance/compilation.md": ("trainopt.perf", "trainopt_site.perf"),
     "advanced/performance/mixed-precision.md": (
