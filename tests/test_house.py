@@ -85,6 +85,11 @@ PAGES = {
     "concepts/optimization.md": ("trainopt.concepts", "trainopt_site.concepts"),  # the figures
     "advanced/performance/index.md": (),
     "advanced/scale/index.md": (),
+    "advanced/scale/compile-at-scale.md": (),
+    "advanced/scale/long-sequences-and-memory.md": ("trainopt.perf",),
+    "advanced/scale/loss-spikes-and-optimizers.md": (),
+    "advanced/scale/parallel-layouts-and-debugging.md": (),
+    "advanced/scale/throughput-and-profiling.md": (),
     "advanced/performance/compilation.md": ("trainopt.perf", "trainopt_site.perf"),
     "advanced/performance/mixed-precision.md": (
         "trainopt.perf",
