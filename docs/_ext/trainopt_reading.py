@@ -8,8 +8,7 @@ Read from the page's own MyST source, next to the ```` ```python ```` block they
     "needs CUDA" for a GPU-only block; Sybil still reads the comment.
 ``% needs: <what to run first>``
     A block that does not run when copied alone says which earlier block to run first. The
-    comment becomes a visible line above the block: "Run first: <what>"; a ``[words](#label)``
-    in it links to the block a MyST ``(label)=`` target names above it. The checker in
+    comment becomes a visible line above the block: "Run first: <what>". The checker in
     :mod:`audit` (``python docs/_ext/audit.py --alone``) finds the blocks that need one.
 
 What a block prints is shown beneath it, as "Output": ``docs/_data/outputs/<page>.json`` (committed)
@@ -63,29 +62,12 @@ def _python_literals(doctree: nodes.document) -> list[nodes.literal_block]:
     ]
 
 
-LINK = re.compile(r"\[(?P<text>[^\]]+)\]\(#(?P<target>[\w-]+)\)")
-
-
 def _note(text: str, classes: list[str], label: str) -> nodes.paragraph:
-    """A badge and its text; ``[words](#label)`` in the text links to the block that a MyST
-    ``(label)=`` target names on the same page."""
     para = nodes.paragraph("", "", classes=["trainopt-block-note", *classes])
     para += nodes.inline(
         "", label, classes=["sd-sphinx-override", "sd-badge", "trainopt-block-badge"]
     )
-    text = " " + text if text else ""
-    end = 0
-    for link in LINK.finditer(text):
-        para += nodes.Text(text[end : link.start()])
-        para += nodes.reference(
-            "",
-            link["text"],
-            refuri="#" + link["target"],
-            internal=True,
-            classes=["trainopt-needs-link"],
-        )
-        end = link.end()
-    para += nodes.Text(text[end:])
+    para += nodes.Text(" " + text if text else "")
     return para
 
 
