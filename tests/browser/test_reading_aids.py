@@ -115,14 +115,16 @@ def test_the_in_page_contents_are_visible_at_1280_px_and_wider(
 
 def test_gpu_only_blocks_carry_a_visible_needs_cuda_badge(browser: object, server: str) -> None:
     context, page = _page(browser, f"{server}/advanced/performance/memory-optimization.html")
-    badges = page.evaluate(r"""() => Array.from(
+    # the page folds its GPU-only checks: open the folds, as a reader who reads them does
+    badges = page.evaluate(r"""() => { document.querySelectorAll('details').forEach(d => {
+        d.open = true; }); return Array.from(
         document.querySelectorAll('p.trainopt-needs-cuda')).map(p => {
         const r = p.getBoundingClientRect();
         let next = p.nextElementSibling;
         while (next && next.matches('p.trainopt-block-note')) next = next.nextElementSibling;
         return {text: p.innerText.trim(), shown: r.width > 0 && r.height > 0,
                 before_code: !!next && next.matches('div[class*=highlight-python]')};
-    })""")
+    }); }""")
     context.close()
     assert badges, "no 'needs CUDA' badge on the memory page"
     assert all(
