@@ -185,12 +185,14 @@ def source_includes(docs_dir: Path) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------------------------
 
 NEEDS = re.compile(r"^%\s*needs:\s*(?P<what>.+?)\s*$")
+LABEL = re.compile(r"^\([\w-]+\)=$")  # a MyST target, ``(lr-setup)=``, that names the next block
 
 
 def needs_of(path: Path) -> dict[int, str]:
     """``{line of a block's opening fence: what to run first}``, from ``% needs:`` comments.
 
-    The comment sits above the block; a skip comment and blank lines may come between.
+    The comment sits above the block; a skip comment, the block's own label (``(name)=``) and
+    blank lines may come between.
     """
     found: dict[int, str] = {}
     pending: str | None = None
@@ -202,7 +204,7 @@ def needs_of(path: Path) -> dict[int, str]:
         elif FENCE.match(line) and stripped.startswith("```python") and pending:
             found[number] = pending
             pending = None
-        elif stripped and not stripped.startswith("%"):
+        elif stripped and not stripped.startswith("%") and not LABEL.match(stripped):
             pending = None
     return found
 

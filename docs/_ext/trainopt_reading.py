@@ -8,8 +8,10 @@ Read from the page's own MyST source, next to the ```` ```python ```` block they
     "needs CUDA" for a GPU-only block; Sybil still reads the comment.
 ``% needs: <what to run first>``
     A block that does not run when copied alone says which earlier block to run first. The
-    comment becomes a visible line above the block: "Run first: <what>". The checker in
-    :mod:`audit` (``python docs/_ext/audit.py --alone``) finds the blocks that need one.
+    comment becomes a visible line above the block: "Run first: <what>". A MyST link in it,
+    ``[the set-up block](#lr-setup)``, becomes a link to the label ``(lr-setup)=`` written above
+    the block it names (a missing label fails the ``-W`` build). The checker in :mod:`audit`
+    (``python docs/_ext/audit.py --alone``) finds the blocks that need one.
 
 What a block prints is shown beneath it, as "Output": ``docs/_data/outputs/<page>.json`` (committed)
 holds the standard output of each code block that prints, by a hash of the block's code, as
@@ -35,6 +37,7 @@ from typing import Any
 from audit import blocks, needs_of
 from docutils import nodes
 from notebooks import NOTEBOOK_PAGES, notebook_for
+from sphinx import addnodes
 from sphinx.application import Sphinx
 
 OUTPUTS = "_data/outputs"
@@ -62,12 +65,27 @@ def _python_literals(doctree: nodes.document) -> list[nodes.literal_block]:
     ]
 
 
+LINK = re.compile(r"\[(?P<text>[^\]]+)\]\(#(?P<label>[\w-]+)\)")
+
+
 def _note(text: str, classes: list[str], label: str) -> nodes.paragraph:
     para = nodes.paragraph("", "", classes=["trainopt-block-note", *classes])
     para += nodes.inline(
         "", label, classes=["sd-sphinx-override", "sd-badge", "trainopt-block-badge"]
     )
-    para += nodes.Text(" " + text if text else "")
+    if text:
+        para += nodes.Text(" ")
+    position = 0
+    for link in LINK.finditer(text):  # [the set-up block](#label): a link to the labelled block
+        para += nodes.Text(text[position : link.start()])
+        xref = addnodes.pending_xref(
+            "", refdomain="std", reftype="ref", reftarget=link["label"], refexplicit=True
+        )
+        xref["refwarn"] = True
+        xref += nodes.inline("", link["text"], classes=["std", "std-ref"])
+        para += xref
+        position = link.end()
+    para += nodes.Text(text[position:])
     return para
 
 
@@ -92,7 +110,10 @@ def annotate_blocks(app: Sphinx, doctree: nodes.document) -> None:
         after: list[nodes.Node] = []
         if block.line in needs:
             literal["classes"].append("trainopt-needs-first")
-            before.append(_note(needs[block.line], ["trainopt-needs"], "Run first"))
+            note = _note(needs[block.line], ["trainopt-needs"], "Run first")
+            for xref in note.findall(addnodes.pending_xref):
+                xref["refdoc"] = docname
+            before.append(note)
         reason = skip_reason(block.skipped_by)
         if reason:
             literal["classes"].append("trainopt-skipped-block")

@@ -37,10 +37,14 @@ def test_the_site_shows_the_package_version(built_site: Path) -> None:
 
 
 def test_each_marked_block_shows_what_to_run_first(built_site: Path) -> None:
+    """The "Run first" note above each marked block says what its comment says; a block it names
+    with a link (``[the set-up block](#lr-setup)``) is a link to that block's own anchor."""
+    linked = 0
     for page in PAGES:
         needs = needs_of(page)
         if not needs:
             continue
+        html = _html(built_site, page)
         # the note sits right above its block; a "needs CUDA" note may come between
         # (inside a dropdown, sphinx-design adds its own class to the paragraph)
         shown = re.findall(
@@ -48,9 +52,19 @@ def test_each_marked_block_shows_what_to_run_first(built_site: Path) -> None:
             r"<span[^>]*>Run first</span> (.*?)</p>\s*"
             r'(?:<p class="trainopt-block-note trainopt-(?:needs-cuda|skips)[^"]*">.*?</p>\s*)?'
             r'<div class="[^"]*highlight-python',
-            _html(built_site, page),
+            html,
         )
-        assert [re.sub(r"<[^>]+>", "", s) for s in shown] == list(needs.values()), page
+        said = [re.sub(r"\[([^\]]+)\]\(#[\w-]+\)", r"\1", what) for what in needs.values()]
+        assert [re.sub(r"<[^>]+>", "", s) for s in shown] == said, page
+        for note, what in zip(shown, needs.values()):
+            hrefs = re.findall(r'<a class="reference internal" href="#([\w-]+)"', note)
+            assert hrefs == re.findall(r"\]\(#([\w-]+)\)", what), (page, what)
+            for anchor in hrefs:  # the anchor is on a python block of the same page
+                assert re.search(
+                    rf'<div class="[^"]*highlight-python[^"]*" id="{anchor}">', html
+                ), f"{page.relative_to(DOCS)}: '#{anchor}' names no python block of the page"
+            linked += len(hrefs)
+    assert linked > 0
 
 
 def test_each_gpu_only_block_carries_a_needs_cuda_badge(built_site: Path) -> None:
