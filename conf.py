@@ -50,6 +50,8 @@ exclude_patterns = [
 templates_path = []
 html_static_path = ["docs/_static"]
 html_css_files = [("trainopt.css", {"priority": 800})]
+# Sphinx's search weights, but a section titled with the whole query ranks first
+html_search_scorer = "docs/_search/scorer.js"
 
 myst_enable_extensions = [
     "colon_fence",

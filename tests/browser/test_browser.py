@@ -161,7 +161,11 @@ def test_every_page_loads_without_errors_or_broken_images(survey: dict[str, dict
     [
         (
             "index.html",
-            ["guides/training-optimization/index.html", "advanced/performance/index.html"],
+            [
+                "guides/training-optimization/index.html",
+                "advanced/performance/index.html",
+                "advanced/scale/index.html",
+            ],
         ),
         (
             "guides/training-optimization/index.html",
