@@ -130,13 +130,15 @@ class Layout:
 
     @property
     def name(self) -> str:
-        """A short name: ``"DDP 8"``, ``"ZeRO-1 64"``, ``"FSDP 8 × TP 8 × PP 2"``."""
+        """A short name: ``"1 GPU"``, ``"DDP 8"``, ``"FSDP 8 × TP 8 × PP 2"``."""
+        if self.gpus == 1:
+            return "1 GPU"
         data = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "FSDP"}[self.zero]
-        parts = [f"{data} {self.dp}"] if self.dp > 1 or self.gpus == 1 else []
+        parts = [f"{data} {self.dp}"] if self.dp > 1 else []
         parts += [
             f"{k} {v}" for k, v in (("TP", self.tp), ("PP", self.pp), ("CP", self.cp)) if v > 1
         ]
-        return " × ".join(parts) if parts else "1 GPU"
+        return " × ".join(parts)
 
 
 INTER_NODE_GB_PER_S = 50.0

@@ -50,30 +50,41 @@ PARTS: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class MemoryPerGPU:
-    """Bytes per GPU at the peak of a step, by part, and the phase where the peak is.
+    """Bytes per GPU at each moment of a step that can be the peak, by part.
 
-    ``phases`` holds the bytes alive at each moment counted; :attr:`peak` is the largest and
-    ``parts`` splits it.
+    ``phases`` maps each moment to its parts; :attr:`peak` is the largest total and
+    :attr:`parts` splits it.
 
     Example:
         >>> from trainopt.perf.planner import MemoryPerGPU
-        >>> m = MemoryPerGPU(parts={"parameters": 2, "activations": 5}, phases={"backward": 7})
-        >>> m.peak, m.peak_phase
-        (7, 'backward')
+        >>> m = MemoryPerGPU({"backward start": {"parameters": 2, "activations": 5},
+        ...                   "optimizer step": {"parameters": 2, "gradients": 2}})
+        >>> m.peak, m.peak_phase, m.parts["activations"]
+        (7, 'backward start', 5)
     """
 
-    parts: dict[str, int]
-    phases: dict[str, int]
-
-    @property
-    def peak(self) -> int:
-        """The most bytes alive at once."""
-        return max(self.phases.values())
+    phases: dict[str, dict[str, int]]
 
     @property
     def peak_phase(self) -> str:
         """The moment of the step where :attr:`peak` is reached."""
-        return max(self.phases, key=self.phases.__getitem__)
+        return max(self.phases, key=lambda phase: sum(self.phases[phase].values()))
+
+    @property
+    def parts(self) -> dict[str, int]:
+        """The bytes of each part at the peak."""
+        return self.phases[self.peak_phase]
+
+    @property
+    def peak(self) -> int:
+        """The most bytes alive at once."""
+        return sum(self.parts.values())
+
+    @property
+    def model_states(self) -> int:
+        """Weights, gradients and optimizer state per GPU, as ZeRO counts them (at the step)."""
+        step = self.phases["optimizer step"]
+        return step["parameters"] + step["gradients"] + step["optimizer_states"]
 
 
 def local_parameters(shape: ModelShape, layout: Layout) -> tuple[int, int]:
@@ -166,9 +177,7 @@ def memory_per_gpu(shape: ModelShape, training: Training, layout: Layout) -> Mem
         "communication_buffers": 0,
         "temporaries": kernel_copy,
     }
-    phases = {"backward start": sum(backward.values()), "optimizer step": sum(step.values())}
-    parts = backward if phases["backward start"] >= phases["optimizer step"] else step
-    return MemoryPerGPU(parts=parts, phases=phases)
+    return MemoryPerGPU({"backward start": backward, "optimizer step": step})
 
 
 def micro_batches(training: Training, layout: Layout) -> int:

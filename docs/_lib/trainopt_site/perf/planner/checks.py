@@ -16,6 +16,10 @@ Each returns the planner's figure beside its own, in bytes.
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainopt.models import GPT, gpt_config
+from trainopt.perf.distributed import launch
 from trainopt.perf.distributed.ddp import wrap_ddp
 from trainopt.perf.distributed.fsdp import shard_model
 from trainopt.perf.peak import LiveStorageTracker
@@ -34,17 +39,11 @@ def _planned(model: nn.Module, config: Any, batch: int, seq_len: int, layout: La
     return memory_per_gpu(shape, Training(micro_batch=batch, precision="fp32"), layout).peak
 
 
-def _two_steps(
-    model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, tracker: Any
-) -> None:
-    """A step that creates the optimizer state, then the steady-state step, tracked."""
+def _step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
     idx, targets = batch
-    for step in range(2):
-        if step == 1:
-            tracker.reset_mod_stats()
-        model(idx, targets).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    model(idx, targets).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def traced_fsdp_peak(
@@ -72,10 +71,11 @@ def traced_fsdp_peak(
             shard_model(model, model.blocks, mesh=mesh)
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
             data = tuple(torch.randint(0, config.vocab_size, (batch, seq_len)) for _ in "xy")
+            _step(model, optimizer, data)  # the optimizer state appears: not the steady state
             tracker = FSDPMemTracker(model, optimizer)
             tracker.track_inputs(data)
             with tracker:
-                _two_steps(model, optimizer, data, tracker)
+                _step(model, optimizer, data)
             traced = max(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
         planned = _planned(model, config, batch, seq_len, Layout(dp=world_size, zero=3))
     finally:
@@ -134,3 +134,52 @@ def measured_peaks(batch: int = 4, seq_len: int = 128, preset: str = "small") ->
     Run it on every rank: ``launch(measured_peaks, 2, backend="gloo")``.
     """
     return {wrap: _measure(wrap, batch, seq_len, preset) for wrap in ("ddp", "fsdp")}
+
+
+TRACED_CASES: tuple[dict[str, Any], ...] = (
+    {"world_size": 4, "batch": 8, "seq_len": 256, "preset": "small"},
+    {"world_size": 4, "batch": 1, "seq_len": 256, "preset": "small"},
+    {"world_size": 8, "batch": 2, "seq_len": 128, "preset": "small"},
+)
+"""The FSDP2 traces: activations most of the peak, the model states most of it, more ranks."""
+
+
+def record(path: str | Path) -> dict[str, Any]:
+    """Run every check and write the results, with the machine they ran on, as JSON."""
+    traced = [{**case, **traced_fsdp_peak(**case)} for case in TRACED_CASES]
+    measured = launch(measured_peaks, 2, backend="gloo", timeout=300)
+    result = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, "
+        f"torch {torch.__version__}",
+        "traced_fsdp2": traced,
+        "measured_gloo_2_ranks": [
+            {"rank": rank, "wrap": wrap, **values}
+            for rank, per_rank in enumerate(measured)
+            for wrap, values in per_rank.items()
+        ],
+    }
+    Path(path).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def checks_table(path: str | Path) -> str:
+    """The recorded checks as one Markdown table, in MiB, with the error of each."""
+    data = json.loads(Path(path).read_text())
+    lines = [
+        "| check | case | reference | planner | error |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for row in data["traced_fsdp2"]:
+        case = f"FSDP2, {row['world_size']} ranks, batch {row['batch']} × {row['seq_len']}"
+        lines.append(_row("traced (fake PG)", case, row["traced"], row["planned"]))
+    for row in data["measured_gloo_2_ranks"]:
+        case = f"{row['wrap'].upper()}, gloo rank {row['rank']} of 2, batch 4 × 128"
+        lines.append(_row("measured (CPU)", case, row["measured"], row["planned"]))
+    return "\n".join(lines) + f"\n\nRecorded on {data['machine']}, GPT `small` in fp32.\n"
+
+
+def _row(check: str, case: str, reference: int, planned: int) -> str:
+    return (
+        f"| {check} | {case} | {reference / 2**20:,.2f} MiB | {planned / 2**20:,.2f} MiB | "
+        f"{planned / reference - 1:+.2%} |"
+    )
