@@ -85,6 +85,7 @@ PAGES = {
     "concepts/optimization.md": ("trainopt.concepts", "trainopt_site.concepts"),  # the figures
     "advanced/performance/index.md": (),
     "advanced/scale/index.md": (),
+    "advanced/scale/layout-planner.md": ("trainopt.perf", "trainopt_site.perf"),
     "advanced/performance/compilation.md": ("trainopt.perf", "trainopt_site.perf"),
     "advanced/performance/mixed-precision.md": (
         "trainopt.perf",
