@@ -56,7 +56,14 @@ def parse_layout(text: str) -> Layout:
 
 
 def build_parser() -> ArgumentParser:
-    """The command's arguments."""
+    """The command's arguments.
+
+    Example:
+        >>> from trainopt.perf.planner.cli import build_parser
+        >>> args = build_parser().parse_args(["--model", "llama3-8b", "--gpus", "64"])
+        >>> args.gpu, args.gpus, args.precision, args.checkpointing
+        ('H100 SXM', 64, 'bf16', 'auto')
+    """
     gpus = [row["name"] for row in gpu_table()]
     parser = ArgumentParser(
         prog="python -m trainopt.perf.planner",
@@ -144,7 +151,16 @@ def _gib(n: float) -> str:
 
 
 def ranking_table(plans: Sequence[Plan], top: int) -> str:
-    """The ranked plans as a Markdown table."""
+    """The ranked plans as a Markdown table.
+
+    Example:
+        >>> from trainopt.perf.planner import Cluster, Training, rank_layouts
+        >>> from trainopt.perf.planner.cli import ranking_table
+        >>> from trainopt.perf.planner.shape import PRESETS
+        >>> plans = rank_layouts(PRESETS["llama3-1b"], Training(), Cluster.of("H100 SXM", 8))
+        >>> ranking_table(plans, top=1).splitlines()[2].split(" | ")[:2]
+        ['| 1', 'DDP 8']
+    """
     lines = [
         "| rank | layout | memory per GPU | step time | MFU |",
         "| ---: | --- | ---: | ---: | ---: |",
@@ -158,7 +174,17 @@ def ranking_table(plans: Sequence[Plan], top: int) -> str:
 
 
 def plan_report(p: Plan) -> str:
-    """One plan: memory by part, communication by collective, step time and assumptions."""
+    """One plan: memory by part, communication by collective, step time and assumptions.
+
+    Example:
+        >>> from trainopt.perf.planner import Cluster, Layout, Training, plan
+        >>> from trainopt.perf.planner.cli import plan_report
+        >>> from trainopt.perf.planner.shape import PRESETS
+        >>> one = plan(PRESETS["llama3-8b"], Training(checkpointing="full"), Layout(dp=8, zero=3),
+        ...            Cluster.of("H100 SXM", 8))
+        >>> print(plan_report(one).splitlines()[0])
+        layout: FSDP 8 + checkpointing; fits: yes
+    """
     lines = [f"layout: {p.name}; fits: {'yes' if p.fits else 'no'}", ""]
     lines += ["| memory per GPU | at the " + p.memory.peak_phase + " |", "| --- | ---: |"]
     lines += [f"| {k.replace('_', ' ')} | {_gib(v)} |" for k, v in p.memory.parts.items()]
@@ -194,7 +220,16 @@ def _as_json(p: Plan) -> dict[str, object]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; return its exit status."""
+    """Run the command; return its exit status (:func:`~trainopt.config.cli.run_command` turns
+    a mistake into one line and status 2).
+
+    Example:
+        >>> from trainopt.perf.planner.cli import main
+        >>> main(["--model", "llama3-1b", "--gpus", "1", "--top", "1"])  # doctest: +ELLIPSIS
+        llama3-1b (1.24B parameters), seq 8192, bf16, adamw, on 1 × H100 SXM (80 GB)
+        ...
+        0
+    """
     args = build_parser().parse_args(argv)
     name, shape = _shape(args)
     cluster = _cluster(args)

@@ -32,6 +32,12 @@ from trainopt.perf.planner.shape import ModelShape
 class Collective:
     """One kind of communication of a step.
 
+    Example:
+        >>> from trainopt.perf.planner import Collective
+        >>> c = Collective("all-reduce", "dp", "gradients", 2e9, group=8, overlapped=True)
+        >>> c.bytes_per_gpu / 1e9, c.overlapped
+        (2.0, True)
+
     Attributes:
         name: What it is (``"all-reduce"``, ``"all-gather"``, ``"reduce-scatter"``,
             ``"send/recv"``).

@@ -19,7 +19,14 @@ from trainopt.validation import check_int
 
 @dataclass(frozen=True)
 class PrecisionBytes:
-    """Bytes per parameter and per activation value of one training precision."""
+    """Bytes per parameter and per activation value of one training precision.
+
+    Example:
+        >>> from trainopt.perf.planner.layout import PRECISIONS
+        >>> bf16 = PRECISIONS["bf16"]
+        >>> bf16.weights + bf16.gradients + bf16.master_weights  # + 8 bytes of AdamW state: 16
+        8
+    """
 
     weights: int
     gradients: int

@@ -25,7 +25,16 @@ fragmentation, and the libraries' workspaces take the rest."""
 
 @dataclass(frozen=True)
 class Plan:
-    """One layout's estimates: memory per GPU, communication, step time, and whether it fits."""
+    """One layout's estimates: memory per GPU, communication, step time, and whether it fits.
+
+    Example:
+        >>> from trainopt.perf.planner import Cluster, Layout, Training, plan
+        >>> from trainopt.perf.planner.shape import PRESETS
+        >>> p = plan(PRESETS["llama3-1b"], Training(checkpointing="full"), Layout(),
+        ...          Cluster.of("H100 SXM", 1))
+        >>> p.name, p.fits
+        ('1 GPU + checkpointing', True)
+    """
 
     layout: Layout
     training: Training
@@ -74,7 +83,14 @@ def _powers_of_two(limit: int) -> list[int]:
 
 def candidate_layouts(shape: ModelShape, gpus: int, gpus_per_node: int) -> list[Layout]:
     """Every layout of ``gpus`` GPUs: TP up to a node and dividing the heads, PP up to the
-    layers, CP dividing the sequence, and ZeRO stages 0-3 where there is data parallelism."""
+    layers, CP dividing the sequence, and ZeRO stages 0-3 where there is data parallelism.
+
+    Example:
+        >>> from trainopt.perf.planner.layouts import candidate_layouts
+        >>> from trainopt.perf.planner.shape import PRESETS
+        >>> sorted({l.name for l in candidate_layouts(PRESETS["llama3-8b"], 2, 8)})
+        ['CP 2', 'DDP 2', 'FSDP 2', 'PP 2', 'TP 2', 'ZeRO-1 2', 'ZeRO-2 2']
+    """
     out = []
     for tp, pp, cp in itertools.product(
         _powers_of_two(min(gpus_per_node, shape.heads)),

@@ -90,7 +90,19 @@ class MemoryPerGPU:
 def local_parameters(shape: ModelShape, layout: Layout) -> tuple[int, int]:
     """``(one block, the rest)`` parameters that one GPU of the busiest pipeline stage holds
     before data-parallel sharding: the blocks split by ``tp``, ``ceil(layers / pp)`` of them;
-    the embedding or the output layer (both when ``pp == 1``) split over the vocabulary."""
+    the embedding or the output layer (both when ``pp == 1``) split over the vocabulary.
+
+    Example:
+        >>> from trainopt.perf.planner import Layout
+        >>> from trainopt.perf.planner.memory import local_parameters
+        >>> from trainopt.perf.planner.shape import PRESETS
+        >>> shape = PRESETS["llama3-8b"]
+        >>> sum(local_parameters(shape, Layout())) == shape.parameters()
+        True
+        >>> blocks, outer = local_parameters(shape, Layout(tp=8, pp=4))  # 8 blocks on a stage
+        >>> blocks == 8 * (shape.block_parameters() // 8)
+        True
+    """
     blocks = -(-shape.layers // layout.pp)
     block = shape.block_parameters() // layout.tp
     if layout.pp == 1 or shape.other_parameters is not None:
@@ -104,7 +116,19 @@ def local_parameters(shape: ModelShape, layout: Layout) -> tuple[int, int]:
 
 
 def block_activation_bytes(shape: ModelShape, training: Training, layout: Layout) -> int:
-    """Bytes one block saves for backward for one micro-batch on one GPU (no checkpointing)."""
+    """Bytes one block saves for backward for one micro-batch on one GPU (no checkpointing).
+
+    Example:
+        >>> from trainopt.perf.planner import Layout, Training
+        >>> from trainopt.perf.planner.memory import block_activation_bytes
+        >>> from trainopt.perf.planner.shape import PRESETS
+        >>> shape = PRESETS["llama3-8b"]
+        >>> one = block_activation_bytes(shape, Training(), Layout())
+        >>> round(one / 2**30, 2)  # GiB at 8,192 tokens
+        1.28
+        >>> block_activation_bytes(shape, Training(), Layout(tp=8)) == one // 8
+        True
+    """
     a = training.precision_bytes.activations
     r = a
     h, kv, f = shape.hidden, shape.kv_width, shape.ffn_hidden
@@ -181,7 +205,14 @@ def memory_per_gpu(shape: ModelShape, training: Training, layout: Layout) -> Mem
 
 
 def micro_batches(training: Training, layout: Layout) -> int:
-    """Micro-batches per optimizer step on each data-parallel rank (at least 1)."""
+    """Micro-batches per optimizer step on each data-parallel rank (at least 1).
+
+    Example:
+        >>> from trainopt.perf.planner import Layout, Training
+        >>> from trainopt.perf.planner.memory import micro_batches
+        >>> micro_batches(Training(micro_batch=2, global_batch=512), Layout(dp=64))
+        4
+    """
     if training.global_batch is None:
         return 1
     return max(1, training.global_batch // (training.micro_batch * layout.dp))

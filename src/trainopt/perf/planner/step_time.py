@@ -34,7 +34,16 @@ COMPUTE_EFFICIENCY = 0.5
 
 @dataclass(frozen=True)
 class StepTime:
-    """Seconds per optimizer step, split, with its throughput and the assumptions behind it."""
+    """Seconds per optimizer step, split, with its throughput and the assumptions behind it.
+
+    Example:
+        >>> from trainopt.perf.planner import Cluster, Layout, Training, step_time
+        >>> from trainopt.perf.planner.shape import PRESETS
+        >>> t = step_time(PRESETS["llama3-8b"], Training(global_batch=64), Layout(pp=8),
+        ...               Cluster.of("H100 SXM", 8))
+        >>> t.seconds == t.compute + t.exposed_communication + t.bubble
+        True
+    """
 
     seconds: float
     compute: float
