@@ -238,8 +238,7 @@ FOLD = """:::{{dropdown}} Decisions by scale: {title}
 Computed by the layout planner when this page was built
 ([Layout planner](../scale/layout-planner.md#will-it-fit-and-which-layout)): Llama 3 shapes
 at {seq:,} tokens per sequence, {batch:,} sequences per step, micro-batch 1, AdamW, on H100 SXM
-GPUs (80 GB, 90 % of it usable), the fastest layout that fits, with the planner's stated
-assumptions.
+GPUs (80 GB, 90 % of it usable), with the planner's stated assumptions.
 :::
 """
 
@@ -264,7 +263,8 @@ def distributed_fold() -> str:
     """The distributed page's fold: the layout for each model and cluster size."""
     return _fold(
         "which layout",
-        "The fastest layout that fits, with its predicted MFU.",
+        "The fastest layout that fits (the simplest among equally fast ones), with its "
+        "predicted MFU.",
         "layout",
     )
 
@@ -273,6 +273,7 @@ def precision_fold() -> str:
     """The mixed-precision page's fold: what fp8 matmuls would gain over bf16."""
     return _fold(
         "which precision",
+        "The fastest bf16 layout that fits, with its predicted MFU. "
         "bf16 mixed precision is the planner's default (16 bytes of state per parameter, "
         "2-byte activations); fp8 matmuls keep bf16's state and double the peak, so the "
         "planner's fp8 gain is an upper bound: torchtitan measured 1.28× for Llama 3.1 8B on "
