@@ -27,7 +27,9 @@ in flight (Narayanan et al. 2021, section 2.2.1). The loss keeps fp32 log-probab
 
 The peak is the larger of two moments of a step: the start of backward (everything the forward
 saved, the loss gradients, FSDP's gathered weights) and the optimizer step (the gradients, and
-the temporary copy that a ``foreach`` AdamW makes of its state).
+the temporary copy that a ``foreach`` AdamW makes of its state). Where a block's weights outweigh
+its activations (a tiny model on a few dozen tokens), the middle of backward, with one block's
+weights gathered and its gradients unsharded, can peak above both: the planner is then low.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def traced_fsdp_peak(
 
     Example:
         >>> from trainopt_site.perf.planner.checks import traced_fsdp_peak
-        >>> result = traced_fsdp_peak(world_size=2, batch=1, seq_len=32, preset="tiny")
+        >>> result = traced_fsdp_peak(world_size=2, batch=4, seq_len=64, preset="tiny")
         >>> abs(result["planned"] / result["traced"] - 1) < 0.1
         True
     """
