@@ -90,6 +90,7 @@ PAGES = {
     "advanced/scale/loss-spikes-and-optimizers.md": (),
     "advanced/scale/parallel-layouts-and-debugging.md": (),
     "advanced/scale/throughput-and-profiling.md": (),
+    "advanced/scale/layout-planner.md": ("trainopt.perf", "trainopt_site.perf"),
     "advanced/performance/compilation.md": ("trainopt.perf", "trainopt_site.perf"),
     "advanced/performance/mixed-precision.md": (
         "trainopt.perf",

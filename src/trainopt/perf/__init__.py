@@ -13,8 +13,10 @@
 - :mod:`~trainopt.perf.compilation`: graph breaks, recompiles, regional compilation and
   compile time against step time (compilation page).
 - :mod:`trainopt.perf.distributed`: DDP, FSDP2, rank agreement and the distributed page's checks.
-- :mod:`trainopt.perf.bench`: the benchmark harness, its timer, MFU definition and peak table,
+- :mod:`trainopt.perf.bench`: the benchmark harness, its timer, MFU definition and GPU table,
   results files and their plain summary, and its command line (benchmarking page).
+- :mod:`trainopt.perf.planner`: the layout planner, memory per GPU, communication and step time
+  of parallel layouts, and its command line (layout planner page).
 """
 
 from trainopt.perf.bench.mfu import mfu
@@ -35,6 +37,17 @@ from trainopt.perf.memory import (
     saved_activation_bytes,
 )
 from trainopt.perf.peak import LiveStorageTracker, measure_peak_memory
+from trainopt.perf.planner import (
+    Cluster,
+    Layout,
+    ModelShape,
+    Training,
+    communication_per_step,
+    memory_per_gpu,
+    plan,
+    rank_layouts,
+    step_time,
+)
 from trainopt.perf.precision import (
     MatmulSettings,
     Precision,
@@ -62,13 +75,16 @@ from trainopt.perf.traced_estimate import DataDependentShapeError, estimate_step
 from trainopt.perf.updates import UpdateRatioMonitor
 
 __all__ = [
+    "Cluster",  # planner: the GPUs
     "DataDependentShapeError",
+    "Layout",  # planner: a parallel layout
     "LoaderWait",  # profiling: the data-loader wait
     "LiveStorageTracker",
     "MatmulSettings",
     "MemoryEstimate",
     "MemoryNearLimitAlert",
     "MemoryTracker",
+    "ModelShape",  # planner: a transformer's shape
     "PhaseMemory",
     "Precision",
     "PrecisionNotSupportedError",
@@ -76,25 +92,31 @@ __all__ = [
     "StepTimer",
     "ThroughputDropAlert",
     "ThroughputMonitor",
+    "Training",  # planner: the training step
     "UpdateRatioMonitor",
     "allocator_settings",
     "apply_activation_checkpointing",
     "check_supported",
     "chunked_linear_cross_entropy",
+    "communication_per_step",
     "estimate_step_memory",
     "estimate_training_memory",
     "expandable_segments_in_use",
     "gpt_activation_bytes",
     "make_scaler",
     "measure_peak_memory",
+    "memory_per_gpu",
     "mfu",
     "native_bf16_supported",
     "optimizer_state_bytes",
     "percentile",
+    "plan",
     "profile_steps",
+    "rank_layouts",
     "read_jsonl",
     "record_memory_history",
     "saved_activation_bytes",
+    "step_time",
     "stochastic_round_to_bf16",
     "supported_precisions",
 ]

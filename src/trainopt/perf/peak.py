@@ -3,9 +3,11 @@
 PyTorch keeps allocator statistics (``torch.cuda.max_memory_allocated``) for CUDA only. On a
 CPU, :class:`LiveStorageTracker` measures the same quantity from the tensors themselves: a
 ``TorchDispatchMode`` sees every operator's outputs, adds the bytes of each storage it has not
-seen yet, and subtracts them when that storage is freed. Its peak is the most bytes of tensor
-storage alive at once, as an allocator would count them (without rounding or caching).
-Buffers an operator allocates and frees inside its own kernel are not seen.
+seen yet, and subtracts them when that storage is freed or resized (FSDP2 frees a gathered
+weight by ``untyped_storage().resize_(0)`` and allocates it again the same way, outside any
+operator). Its peak is the most bytes of tensor storage alive at once, as an allocator would
+count them (without rounding or caching). Buffers an operator allocates and frees inside its
+own kernel are not seen.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ class LiveStorageTracker(TorchDispatchMode):
         self.device_type = torch.device(device).type
         self.current = 0
         self.peak = 0
-        self._live: set[int] = set()
+        self._live: dict[int, int] = {}  # id of each live storage -> its bytes
+        self._resize: Callable[..., Any] | None = None
 
     def count(self, tensors: Iterable[torch.Tensor]) -> None:
         """Count storages that already exist (each storage once, views included)."""
@@ -67,15 +70,38 @@ class LiveStorageTracker(TorchDispatchMode):
         if key in self._live:
             return
         size = storage.nbytes() if size is None else size
-        self._live.add(key)
+        self._live[key] = size
         self.current += size
         self.peak = max(self.peak, self.current)
-        weakref.finalize(storage, self._free, key, size)
+        weakref.finalize(storage, self._free, key)
 
-    def _free(self, key: int, size: int) -> None:
-        if key in self._live:
-            self._live.remove(key)
-            self.current -= size
+    def _free(self, key: int) -> None:
+        self.current -= self._live.pop(key, 0)
+
+    def _resized(self, storage: torch.UntypedStorage) -> None:
+        key = id(storage)
+        if key in self._live and storage.device.type == self.device_type:
+            size = storage.nbytes()
+            self.current += size - self._live[key]
+            self._live[key] = size
+            self.peak = max(self.peak, self.current)
+
+    def __enter__(self) -> LiveStorageTracker:
+        resize = self._resize = torch.UntypedStorage.resize_
+
+        def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+            out = resize(storage, size)
+            self._resized(storage)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._resize is not None:
+            torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
+            self._resize = None
+        super().__exit__(*exc)
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None

@@ -34,28 +34,36 @@ its MFU is not reported unless you give one.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from importlib import resources
 
 import torch
 
-# Dense peak TFLOP/s per precision, from NVIDIA's data sheets (their tensor-core figures "with
-# sparsity" are twice these). fp32: the non-tensor FP32 rate; tf32, bf16, fp16: tensor cores.
-#   H100 SXM, H100 PCIe, H100 NVL: "NVIDIA H100 Tensor Core GPU" data sheet (2024 revision,
-#     the H100 NVL as one 94 GB card).
-#   H200, H200 NVL: "NVIDIA H200 Tensor Core GPU" data sheet (SXM and NVL columns).
-#   A100 (SXM and PCIe alike): "NVIDIA A100 Tensor Core GPU" data sheet.
-#   A10: "NVIDIA A10 Tensor Core GPU" data sheet.  L4: "NVIDIA L4 Tensor Core GPU" data sheet.
-#   L40S: "NVIDIA L40S GPU" data sheet.
+
+def gpu_table() -> list[dict]:
+    """The rows of ``gpus.json`` (this package's data): one GPU each, with its source.
+
+    The one table of GPUs: dense peak TFLOP/s per precision (the vendors' figures "with
+    sparsity" are twice these; fp32 is the non-tensor rate, tf32/bf16/fp16/fp8 tensor cores),
+    memory, scale-up bandwidth per GPU and direction, GPUs per node (or NVLink domain), and the
+    data sheet or product page each row comes from. :data:`PEAK_TFLOPS` is its MFU part; the
+    layout planner (:mod:`trainopt.perf.planner`) reads the rest.
+
+    Example:
+        >>> from trainopt.perf.bench.mfu import gpu_table
+        >>> {row["name"]: row["memory_gb"] for row in gpu_table()}["MI300X"]
+        192
+    """
+    text = resources.files("trainopt.perf.bench").joinpath("gpus.json").read_text()
+    return json.loads(text)["gpus"]
+
+
+# The GPUs that ``device_key`` recognises by their CUDA name, in the four precisions MFU uses.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "H100 SXM": {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
-    "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5},
-    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
-    "H200": {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
-    "H200 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
-    "A100": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
-    "A10": {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0},
-    "L4": {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0},
-    "L40S": {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0},
+    row["name"]: {p: row["peak_tflops"][p] for p in ("fp32", "tf32", "bf16", "fp16")}
+    for row in gpu_table()
+    if row["bench"]
 }
 
 
