@@ -23,7 +23,7 @@ from typing import Any
 
 from audit import SKIP, blocks
 
-SECTIONS = ("guides/", "advanced/performance/", "concepts/")
+SECTIONS = ("guides/", "advanced/performance/", "advanced/scale/", "concepts/")
 
 
 def NOTEBOOK_PAGES(docs: str | Path) -> list[str]:  # noqa: N802 - reads as the list it returns
