@@ -164,6 +164,8 @@ def _bad(action: argparse.Action, blocker: Path) -> list[str]:
         value = "mysql://not-postgres"
     elif flag == "--study-name":
         value = ""
+    elif flag == "--layout":
+        value = "dp=two"
     elif flag is None:
         value = BAD_POSITIONALS[action.dest]
     else:

@@ -297,8 +297,11 @@ def test_every_page_renders_a_measurement_of_this_machine(page: Path) -> None:
 
 
 def test_pages_type_no_result_table_by_hand() -> None:
+    """The benchmarking page's tables of results are rendered from their files: a table typed on
+    the page (the framework settings) holds no number outside its code."""
     rows = [line for line in PAGES[0].read_text().splitlines() if line.lstrip().startswith("|")]
-    assert rows == []
+    typed = [row for row in rows if NUMBER.search(re.sub(r"`[^`]*`", "", row))]
+    assert typed == []
 
 
 @pytest.mark.parametrize(

@@ -3,17 +3,7 @@
 Without ``--layout`` it ranks every layout of the cluster that fits, fastest first; with one,
 it prints that layout's memory by part, communication by collective and step time with its
 assumptions. A mistake in an argument prints one line, ``error: <argument>: <allowed>``, and
-exits with status 2.
-
-Example:
-    >>> from trainopt.perf.planner.cli import main
-    >>> main(["--model", "llama3-8b", "--gpu", "H100 SXM", "--gpus", "64",
-    ...       "--global-batch", "512", "--top", "1"])  # doctest: +ELLIPSIS
-    llama3-8b (8.03B parameters), seq 8192, bf16, adamw, on 64 × H100 SXM (80 GB)
-    | rank | layout | memory per GPU | step time | MFU |
-    | ---: | --- | ---: | ---: | ---: |
-    | 1 | ... |
-    0
+exits with status 2 (:func:`main` shows both forms).
 """
 
 from __future__ import annotations
@@ -31,6 +21,13 @@ from trainopt.perf.planner.layouts import Plan, plan, rank_layouts
 from trainopt.perf.planner.shape import PRESETS, ModelShape
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "ffn_hidden", "vocab")
+SHAPE_HELP = {
+    "layers": "transformer blocks",
+    "hidden": "model width",
+    "heads": "attention heads",
+    "ffn_hidden": "feed-forward width",
+    "vocab": "vocabulary size",
+}
 
 
 def parse_layout(text: str) -> Layout:
@@ -73,16 +70,27 @@ def build_parser() -> ArgumentParser:
     model = parser.add_argument_group("model (a named shape, or every shape field)")
     model.add_argument("--model", choices=sorted(PRESETS), help="a named shape")
     for name in SHAPE_FIELDS:
-        model.add_argument(f"--{name.replace('_', '-')}", type=positive_int)
+        model.add_argument(f"--{name.replace('_', '-')}", type=positive_int, help=SHAPE_HELP[name])
     model.add_argument("--kv-heads", type=positive_int, help="key-value heads (default: heads)")
     model.add_argument("--gated-mlp", action="store_true", help="SwiGLU feed-forward (Llama)")
-    model.add_argument("--tied-embeddings", action="store_true")
+    model.add_argument(
+        "--tied-embeddings", action="store_true", help="the output layer shares the embedding"
+    )
     model.add_argument("--seq-len", type=positive_int, help="tokens per sequence")
     run = parser.add_argument_group("training")
-    run.add_argument("--micro-batch", type=positive_int, default=1)
+    run.add_argument(
+        "--micro-batch", type=positive_int, default=1, help="sequences per GPU per pass (1)"
+    )
     run.add_argument("--global-batch", type=positive_int, help="sequences per optimizer step")
-    run.add_argument("--precision", choices=list(PRECISIONS), default="bf16")
-    run.add_argument("--optimizer", choices=sorted(OPTIMIZER_STATE_BYTES), default="adamw")
+    run.add_argument(
+        "--precision", choices=list(PRECISIONS), default="bf16", help="compute precision (bf16)"
+    )
+    run.add_argument(
+        "--optimizer",
+        choices=sorted(OPTIMIZER_STATE_BYTES),
+        default="adamw",
+        help="sets the optimizer state's bytes (adamw)",
+    )
     run.add_argument(
         "--checkpointing",
         choices=[*CHECKPOINTING, "auto"],
@@ -90,13 +98,17 @@ def build_parser() -> ArgumentParser:
         help="activation checkpointing; auto tries both",
     )
     cluster = parser.add_argument_group("cluster (a GPU of the table, overridable)")
-    cluster.add_argument("--gpu", choices=gpus, default="H100 SXM")
+    cluster.add_argument("--gpu", choices=gpus, default="H100 SXM", help="a row of the table")
     cluster.add_argument("--gpus", type=positive_int, default=8, help="GPUs in all")
-    cluster.add_argument("--memory-gb", type=positive_float)
+    cluster.add_argument("--memory-gb", type=positive_float, help="memory per GPU, in GB")
     cluster.add_argument("--peak-tflops", type=positive_float, help="dense, of --precision")
-    cluster.add_argument("--intra-node-gb-per-s", type=positive_float)
-    cluster.add_argument("--inter-node-gb-per-s", type=positive_float)
-    cluster.add_argument("--gpus-per-node", type=positive_int)
+    cluster.add_argument(
+        "--intra-node-gb-per-s", type=positive_float, help="per-GPU bandwidth within a node"
+    )
+    cluster.add_argument(
+        "--inter-node-gb-per-s", type=positive_float, help="per-GPU bandwidth between nodes"
+    )
+    cluster.add_argument("--gpus-per-node", type=positive_int, help="GPUs sharing a node")
     out = parser.add_argument_group("output")
     out.add_argument("--layout", type=parse_layout, help="one layout: dp=8,zero=3,tp=8")
     out.add_argument("--top", type=positive_int, default=10, help="ranked layouts to print")
@@ -225,6 +237,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Example:
         >>> from trainopt.perf.planner.cli import main
+        >>> main(["--model", "llama3-8b", "--gpu", "H100 SXM", "--gpus", "64",
+        ...       "--global-batch", "512", "--top", "1"])  # doctest: +ELLIPSIS
+        llama3-8b (8.03B parameters), seq 8192, bf16, adamw, on 64 × H100 SXM (80 GB)
+        | rank | layout | memory per GPU | step time | MFU |
+        | ---: | --- | ---: | ---: | ---: |
+        | 1 | ... |
+        0
         >>> main(["--model", "llama3-1b", "--gpus", "1", "--top", "1"])  # doctest: +ELLIPSIS
         llama3-1b (1.24B parameters), seq 8192, bf16, adamw, on 1 × H100 SXM (80 GB)
         ...
