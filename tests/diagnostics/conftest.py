@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import csv
-import gc
 import math
 import shutil
 import time
@@ -22,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import tiny_runs
 import torch
 import torch.nn.functional as F
 from extras import require
@@ -43,16 +43,9 @@ def generated_runs() -> list[tuple[RunSpec, list[dict]]]:
 
 @pytest.fixture(scope="session")
 def one_thread() -> Iterator[None]:
-    """One intra-op thread, and no full garbage collection of the frameworks once imported (the
-    ``Trainer`` collects at the end of each run): a tiny run is then several times cheaper."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    gc.freeze()
-    try:
+    """The frameworks' tiny runs on one thread, the heap frozen (:mod:`tiny_runs`)."""
+    with tiny_runs.one_thread(freeze_heap=True):
         yield
-    finally:
-        gc.unfreeze()
-        torch.set_num_threads(threads)
 
 
 def trainer_run(

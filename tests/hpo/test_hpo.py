@@ -13,6 +13,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import optuna
 import pytest
+import tiny_runs
 import torch
 import yaml
 from hypothesis import given, settings
@@ -205,10 +206,8 @@ def test_params_at_edge_flags_low_and_high_in_log_space() -> None:
 def one_thread():
     """A tiny model on a busy machine: intra-op threads only contend (60x slower seen on 2
     cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with tiny_runs.one_thread():
+        yield
 
 
 def test_lr_finder_suggestion_sets_the_lr_bounds(one_thread) -> None:

@@ -28,6 +28,7 @@ from restart_runs import (
     train_stabilized,
 )
 from scheduler_configs import PROJECT, SCHEDULERS, TORCH
+from tiny_runs import one_thread
 from torch.optim import lr_scheduler as ls
 
 import trainopt.schedules
@@ -161,14 +162,10 @@ def test_a_stabilized_run_sigkilled_after_a_checkpoint_resumes_in_another_proces
     )
     assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
     assert child.stdout.split() == ["trained"]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         for name in KILLED:
             straight = stabilized(name, tmp_path / f"straight-{name}", seed=0)
             expected = train_stabilized(straight, 0, STEPS)
             resumed, seen = _resume_and_finish(folders[name], name)
             assert seen == expected[RESUMED_AT:], name
             assert _same_weights(resumed["model"], straight["model"]), name
-    finally:
-        torch.set_num_threads(threads)

@@ -1,23 +1,14 @@
 """The integration runs are tiny: one CPU thread each, and no full garbage collection of the
-imported frameworks.
-
-Two settings, restored after each module, make a run of the tiny models several times cheaper
-without changing what a test compares (both runs of a comparison train under the same settings):
-
-- one intra-op thread: a tiny matmul split over threads only waits for them (and ``make test``
-  runs two workers on the cores);
-- ``gc.freeze()`` once the frameworks are imported: the ``Trainer`` and Accelerate call
-  ``gc.collect()`` at the end of each run, which otherwise walks every object of ``transformers``.
+imported frameworks (:mod:`tiny_runs`), set once per module after the frameworks are imported.
 """
 
 from __future__ import annotations
 
-import gc
 import importlib.util
 from collections.abc import Iterator
 
 import pytest
-import torch
+from tiny_runs import one_thread
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -27,11 +18,5 @@ def one_thread_and_a_frozen_heap() -> Iterator[None]:
             importlib.import_module(module)
     if importlib.util.find_spec("transformers") is not None:
         from transformers import Trainer  # noqa: F401  (transformers imports it lazily: the bulk of its objects)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    gc.freeze()
-    try:
+    with one_thread(freeze_heap=True):
         yield
-    finally:
-        gc.unfreeze()
-        torch.set_num_threads(threads)
