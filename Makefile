@@ -22,6 +22,9 @@ SPHINXOPTS ?= -W --keep-going
 # `make test PYTEST_ARGS=-n0` runs serially; PYTEST_WORKERS=auto uses every core.
 PYTEST_WORKERS ?= $(shell n=$$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 2); echo $$(( n < 2 ? n : 2 )))
 PYTEST_ARGS ?=
+# --no-compile: pip does not byte-compile every module of torch, transformers and the rest at
+# install (most of an install's time); Python compiles the ones that are imported, once.
+PIP_INSTALL := $(VENV)/bin/python -m pip install -q --no-compile
 
 .PHONY: html test test-gpu lint livehtml linkcheck clean venv
 
@@ -38,15 +41,15 @@ $(VENV)/.workshop: | $(PY)
 	touch $@
 
 $(VENV)/.torch: | $(PY)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP_INSTALL) $(TORCH_SPEC)
 	touch $@
 
 $(VENV)/.docs: pyproject.toml $(VENV)/.torch $(VENV)/.workshop
-	$(PY) -m pip install -q -e ".[docs]"
+	$(PIP_INSTALL) -e ".[docs]"
 	touch $@
 
 $(VENV)/.test: pyproject.toml $(VENV)/.torch $(VENV)/.workshop
-	$(PY) -m pip install -q -e ".[docs,test,hpo]"
+	$(PIP_INSTALL) -e ".[docs,test,hpo]"
 	touch $@
 
 venv: $(VENV)/.test
@@ -68,7 +71,7 @@ test-gpu:
 	TRAINOPT_REQUIRE_CUDA=1 $(MAKE) test
 
 livehtml: $(VENV)/.docs
-	$(PY) -m pip install -q -e ".[docs,dev]"
+	$(PIP_INSTALL) -e ".[docs,dev]"
 	$(PY) -m sphinx_autobuild -c . docs _build/html --watch src
 
 linkcheck: $(VENV)/.test

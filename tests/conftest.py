@@ -88,22 +88,22 @@ def landing_page_extras() -> list[str]:
     return sorted(names)
 
 
-@pytest.fixture(scope="session")
-def wheel_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The interpreter of a fresh virtual environment holding trainopt's wheel and nothing of ours.
+WHEEL_VENV_USERS = (
+    "tests/docs/test_notebooks.py::test_the_notebook_runs",
+    "tests/test_install.py::",
+)
+"""Node ids (prefixes) of the tests that use :func:`wheel_python`: where a run collects one, the
+xdist controller builds the environment in the background from the start (see
+:func:`pytest_xdist_node_collection_finished`)."""
 
-    Built once per run (shared by the xdist workers under a lock): the wheel from a copy of the
-    package's files, a ``venv`` with no path to the test environment, the test environment's
-    torch version (a CPU build from the local wheel store on the project's machines), then the
-    wheel with exactly the extras the landing page's install section names, and ``ipykernel``
-    (the notebook tests' kernel). Without it (no package index in reach) the tests that need it
-    skip, and fail under CI.
-    """
+
+def build_wheel_venv(shared: Path) -> dict:
+    """Build :func:`wheel_python`'s environment under ``shared`` once (under a file lock, whoever
+    asks first) and return the outcome: ``ok``, the build's ``log``, ``extras`` and ``wheel``."""
     import shutil
 
     import torch
 
-    shared = shared_tmp_path(request, tmp_path_factory)
     venv, outcome = shared / "wheel-venv", shared / "wheel-venv.json"
     with FileLock(str(shared / "wheel-venv.lock")):
         if not outcome.exists():
@@ -142,6 +142,7 @@ def wheel_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
                     "pip",
                     "install",
                     "-q",
+                    "--no-compile",
                     f"torch=={torch.__version__.split('+')[0]}",
                 )
             )
@@ -155,6 +156,7 @@ def wheel_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
                     "pip",
                     "install",
                     "-q",
+                    "--no-compile",
                     f"{wheels[0]}[{extras}]" if extras else str(wheels[0]),
                     "ipykernel",
                 )
@@ -179,7 +181,51 @@ def wheel_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
                     }
                 )
             )
-        built = json.loads(outcome.read_text())
+        return json.loads(outcome.read_text())
+
+
+_BACKGROUND: list = []  # the controller's background build (a thread), joined at the session end
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """On the xdist controller: where the run holds a test that needs :func:`wheel_python`, start
+    building its environment now, in a thread of this otherwise idle process.
+
+    Built lazily instead, the first worker to need it would spend minutes in pip while the other
+    worker, reaching a notebook test of its own, waits on the lock. The workers' fixture takes the
+    lock and reads the same outcome.
+    """
+    if _BACKGROUND or not any(i.startswith(WHEEL_VENV_USERS) for i in ids):
+        return
+    import threading
+
+    base = node.config._tmp_path_factory.getbasetemp()  # the workers' basetemp is below it
+    thread = threading.Thread(target=build_wheel_venv, args=(base,), daemon=True)
+    thread.start()
+    _BACKGROUND.append(thread)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for thread in _BACKGROUND:
+        thread.join()
+
+
+@pytest.fixture(scope="session")
+def wheel_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The interpreter of a fresh virtual environment holding trainopt's wheel and nothing of ours.
+
+    Built once per run (shared by the xdist workers under a lock): the wheel from a copy of the
+    package's files, a ``venv`` with no path to the test environment, the test environment's
+    torch version (a CPU build from the local wheel store on the project's machines), then the
+    wheel with exactly the extras the landing page's install section names, and ``ipykernel``
+    (the notebook tests' kernel). ``--no-compile``: pip does not byte-compile the thousands of
+    modules of torch and the extras (two thirds of the install's time); Python compiles those a
+    kernel imports, once. Where the environment cannot be made (no package index in reach) the
+    tests that need it skip, and fail under CI.
+    """
+    shared = shared_tmp_path(request, tmp_path_factory)
+    built = build_wheel_venv(shared)
     if not built["ok"]:
         from extras import in_ci
 
@@ -189,7 +235,7 @@ def wheel_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         if in_ci():
             pytest.fail(message)
         pytest.skip(message)
-    return venv / "bin" / "python"
+    return shared / "wheel-venv" / "bin" / "python"
 
 
 @pytest.fixture(scope="session")
