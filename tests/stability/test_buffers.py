@@ -186,12 +186,12 @@ def test_the_snapshot_is_allocated_once():
     model = nn.BatchNorm1d(3)
     snapshot = BufferSnapshot(model)
     snapshot.take()
-    storage = [group.saved.data_ptr() for _, group in snapshot._groups]
+    storage = [group.saved.data_ptr() for group in snapshot._groups]
     for _ in range(3):
         snapshot.take()
         model(torch.randn(4, 3))
         snapshot.restore_where(torch.tensor(False))
-    assert [group.saved.data_ptr() for _, group in snapshot._groups] == storage
+    assert [group.saved.data_ptr() for group in snapshot._groups] == storage
 
 
 def test_restore_where_names_a_bad_flag():

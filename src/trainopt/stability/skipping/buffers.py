@@ -5,10 +5,11 @@ skipped: a training-mode ``BatchNorm`` moves ``running_mean`` and ``running_var`
 ``num_batches_tracked``) with the batch it normalises, so one NaN pixel makes them NaN, and the
 model in eval mode is ruined although the skipped update never reached its parameters.
 :class:`BufferSnapshot` copies every buffer before the forward pass (:meth:`~BufferSnapshot.take`)
-and puts it back where the step's skip flag is set (:meth:`~BufferSnapshot.restore_where`), with
-``torch.where`` on the device: nothing is read on the host. :func:`nonfinite_buffers` counts the
-floating buffers that hold an inf or a NaN, as a device tensor, for the boundary's
-"weights finite" test.
+and puts it back where the step's skip flag is set (:meth:`~BufferSnapshot.restore_where`),
+chosen on the device the way :class:`~trainopt.stability.skipping.step.StepSnapshot` chooses the
+optimizer's state (the same flat copies per device and dtype): nothing is read on the host.
+:func:`nonfinite_buffers` counts the floating buffers that hold an inf or a NaN, as a device
+tensor, for the boundary's "weights finite" test.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Iterable
 
 import torch
 from torch.nn.parameter import is_lazy
+
+from trainopt.stability.skipping.step import SCRATCH_BYTES, _Masks, _SnapshotGroup
 
 __all__ = ["BufferSnapshot", "nonfinite_buffers"]
 
@@ -38,18 +41,6 @@ def _slots(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.Ten
     return slots
 
 
-class _Group:
-    """The buffers of one device and dtype, with two preallocated flat copies of them."""
-
-    def __init__(self, tensors: list[torch.Tensor]) -> None:
-        first = tensors[0]
-        sizes = [t.numel() for t in tensors]
-        self.saved = torch.empty(sum(sizes), dtype=first.dtype, device=first.device)
-        self.scratch = torch.empty_like(self.saved)
-        self.saved_views = [v.view(t.shape) for v, t in zip(self.saved.split(sizes), tensors)]
-        self.scratch_views = [v.view(t.shape) for v, t in zip(self.scratch.split(sizes), tensors)]
-
-
 class BufferSnapshot:
     """Every buffer of ``model`` before a step, put back on the device where the step is skipped.
 
@@ -58,15 +49,15 @@ class BufferSnapshot:
     from before the step (floating and integer ones alike, ``num_batches_tracked`` included),
     elsewhere it keeps what the forward passes made of it. Neither reads the device.
 
-    The copies are allocated at the first :meth:`take` (two flat tensors per device and dtype,
-    twice the buffers' size) and reused; they are made again only when the model's buffers
+    The copies are allocated at the first :meth:`take` (three flat tensors per device and dtype,
+    three times the buffers' size) and reused; they are made again only when the model's buffers
     change shape, dtype or device. A model without buffers costs nothing.
 
     Limits: a buffer registered between two boundaries is seen from the next boundary on
     (:meth:`refresh`, which the stabilizer calls there); a buffer that appears during the step (a
-    lazy module's, materialised by its first forward pass), or whose shape changes, has nothing to
-    return to and is left as it is. A buffer the forward pass replaces by another tensor of the
-    same shape is restored in the new tensor.
+    lazy module's, materialised by its first forward pass), or whose shape or dtype changes, has
+    nothing to return to and is left as it is. A buffer the forward pass replaces by another
+    tensor of the same shape and dtype is restored in the new tensor.
 
     Args:
         model: The module whose buffers a skipped step must leave unchanged.
@@ -87,8 +78,9 @@ class BufferSnapshot:
         self.model = model
         self._slots: list[tuple[torch.nn.Module, str]] = []  # where each buffer lives
         self._tensors: list[torch.Tensor] = []  # the buffers at the last take()
-        self._groups: list[tuple[list[int], _Group]] = []
+        self._groups: list[_SnapshotGroup] = []
         self._saved: list[torch.Tensor] = []  # the snapshot of each buffer, in that order
+        self._ratios: list[None] = []  # no buffer's change is rescaled
         self._walk = True  # walk the module tree at the next take()
 
     def refresh(self) -> None:
@@ -121,18 +113,19 @@ class BufferSnapshot:
             by_kind: dict[tuple[torch.device, torch.dtype], list[int]] = {}
             for i, b in enumerate(tensors):
                 by_kind.setdefault((b.device, b.dtype), []).append(i)
+            self._ratios = [None] * len(tensors)
             self._groups = [
-                (indices, _Group([tensors[i] for i in indices])) for indices in by_kind.values()
+                _SnapshotGroup(tensors, self._ratios, indices, SCRATCH_BYTES)
+                for indices in by_kind.values()
             ]
             self._slots = [(module, name) for module, name, _ in slots]
             self._tensors = tensors
             self._saved = [None] * len(tensors)  # type: ignore[list-item]
-            for indices, group in self._groups:
-                for i, view in zip(indices, group.saved_views):
+            for group in self._groups:
+                for i, view in zip(group.indices, group.saved_views):
                     self._saved[i] = view
-        with torch.no_grad():
-            for indices, group in self._groups:
-                torch._foreach_copy_(group.saved_views, [tensors[i] for i in indices])
+        for group in self._groups:
+            group.take(tensors)
 
     @torch.no_grad()
     def restore_where(self, skip: torch.Tensor) -> None:
@@ -141,25 +134,12 @@ class BufferSnapshot:
             return
         if not torch.is_tensor(skip) or skip.dim() != 0:
             raise ValueError(f"skip must be a 0-d tensor (the step's skip flag), got {skip!r}")
-        flags = {skip.device: skip if skip.dtype == torch.bool else skip != 0}
-
-        def flag(device: torch.device) -> torch.Tensor:  # a copy per device (a model on several)
-            if device not in flags:
-                flags[device] = next(iter(flags.values())).to(device)
-            return flags[device]
-
+        masks = _Masks(skip)
+        # a buffer the forward pass replaced by another tensor of its shape and dtype is restored
+        # in the new tensor; one that is gone or changed shape or dtype is left as it is
         now = [module._buffers.get(name) for module, name in self._slots]
-        if all(a is b for a, b in zip(now, self._tensors)):
-            for indices, group in self._groups:
-                tensors = [now[i] for i in indices]
-                torch._foreach_copy_(group.scratch_views, tensors)
-                torch.where(flag(group.saved.device), group.saved, group.scratch, out=group.scratch)
-                torch._foreach_copy_(tensors, group.scratch_views)
-            return
-        # the forward pass replaced a buffer by another tensor: restore into what is there now
-        for tensor, old in zip(now, self._saved):
-            if torch.is_tensor(tensor) and old.shape == tensor.shape and old.dtype == tensor.dtype:
-                tensor.copy_(torch.where(flag(tensor.device), old, tensor))
+        for group in self._groups:
+            group.restore(now, self._ratios, masks)
 
 
 @torch.no_grad()

@@ -31,6 +31,10 @@ import torch
 
 __all__ = ["StepSnapshot", "fused_step", "masked_step"]
 
+# The most bytes per device and dtype for which a snapshot keeps three flat copies (the row
+# choice); above it, only the old values and a ``torch.where`` per tensor.
+SCRATCH_BYTES = 256 * 2**20
+
 
 # State that torch's step assigns after the update: what a first step starts from instead.
 _INITIAL_VALUE: dict[type, dict[str, Callable[[torch.Tensor], torch.Tensor]]] = {
@@ -98,7 +102,7 @@ class StepSnapshot:
         (tensor([0.9000, 0.9000, 0.9000]), 1)
     """
 
-    def __init__(self, scratch_bytes: int = 256 * 2**20) -> None:
+    def __init__(self, scratch_bytes: int = SCRATCH_BYTES) -> None:
         self.scratch_bytes = scratch_bytes
         self._tensors: list[torch.Tensor] = []
         self._shared: tuple[int, ...] = ()
@@ -124,9 +128,8 @@ class StepSnapshot:
         if not same:
             self._layout(tensors, ratios)
             self._shared = shared
-        with torch.no_grad():
-            for group in self._groups:
-                torch._foreach_copy_(group.saved_views, [tensors[i] for i in group.indices])
+        for group in self._groups:
+            group.take(tensors)
         self._ratio_values = ratios
 
     def _layout(self, tensors: list[torch.Tensor], ratios: list[Any]) -> None:
@@ -196,11 +199,21 @@ class _SnapshotGroup:
             else []
         )
 
+    @torch.no_grad()
+    def take(self, tensors: list[torch.Tensor]) -> None:
+        """Copy this group's tensors (``tensors[i]`` for each of :attr:`indices`) into its
+        snapshot."""
+        torch._foreach_copy_(self.saved_views, [tensors[i] for i in self.indices])
+
+    @torch.no_grad()
     def restore(
         self, tensors: list[Any], ratios: list[Any], masks: Callable[[torch.Tensor], torch.Tensor]
     ) -> None:
+        """Rescale each tensor's change by its ratio, then put back the snapshot where ``masks``
+        says so; a tensor that is gone or has another shape or dtype than at :meth:`take` is left
+        as it is."""
         now = [tensors[i] for i in self.indices]
-        whole = all(t is not None and t.shape == v.shape for t, v in zip(now, self.saved_views))
+        whole = all(_matches(t, v) for t, v in zip(now, self.saved_views))
         if self.scratch is not None and whole:
             torch._foreach_copy_(self.scratch_views, now)
             for start, stop, i in self.segments:
@@ -218,11 +231,16 @@ class _SnapshotGroup:
             torch._foreach_copy_(now, self.chosen_views)
             return
         for t, old, i in zip(now, self.saved_views, self.indices):
-            if t is None or t.shape != old.shape:
-                continue  # the step replaced or removed this state: nothing to put back
+            if not _matches(t, old):
+                continue  # the step replaced or removed this tensor: nothing to put back
             if ratios[i] is not None:
                 torch.lerp(old, t, ratios[i].to(t.dtype), out=t)
             torch.where(masks(t), old, t, out=t)
+
+
+def _matches(t: Any, saved: torch.Tensor) -> bool:
+    """Whether ``t`` is a tensor that ``saved`` can be put back into (same shape and dtype)."""
+    return torch.is_tensor(t) and t.shape == saved.shape and t.dtype == saved.dtype
 
 
 def _params_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
